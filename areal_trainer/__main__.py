@@ -1,0 +1,51 @@
+"""Command line: ``python -m areal_trainer --config-name grpo [overrides]``.
+
+Before Hydra parses anything, ``+key=value`` is made to work for keys the YAML already sets, and
+every override is checked against the schema so that all unknown keys and wrong types are
+reported together. Then the config is validated (every rule and plugin) before any model loads.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def _fail(msg: str) -> None:
+    print(f"Error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def _task(cfg) -> float | None:
+    from hydra.core.hydra_config import HydraConfig
+
+    from .config import ConfigError, to_trainer_config
+
+    try:
+        tcfg = to_trainer_config(cfg)
+    except ConfigError as e:
+        _fail(str(e))
+    from .train.run import run
+
+    return run(tcfg, run_dir=HydraConfig.get().runtime.output_dir)
+
+
+def main() -> None:
+    import hydra
+
+    from .config.overrides import check_overrides, normalize_overrides
+    from .config.store import register_configs
+
+    register_configs()
+    args = normalize_overrides(sys.argv[1:])
+    values = [a for a in args if not a.startswith("-") and "=" in a]
+    problems = check_overrides(values)
+    if problems:
+        from .config import ConfigError
+
+        _fail(str(ConfigError(problems)))
+    sys.argv = [sys.argv[0], *args]
+    hydra.main(version_base="1.3", config_path="pkg://areal_trainer.conf", config_name="config")(_task)()
+
+
+if __name__ == "__main__":
+    main()

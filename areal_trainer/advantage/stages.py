@@ -1,0 +1,1 @@
+def resolve_advantage(cfg): return None

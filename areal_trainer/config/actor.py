@@ -1,0 +1,225 @@
+"""Schema of ``actor`` (PPOActorConfig, also used for ``ref``) and ``critic`` (PPOCriticConfig).
+
+Names and defaults are AReaL's. Every rule that AReaL only checks at run time (``c_clip > 1``,
+the importance-sampling level, the KL estimator, the overlong-penalty lengths) is checked here,
+so a bad value fails at start-up, before any model loads.
+"""
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional
+
+from .base import is_number, one_of
+from .parts import (
+    GAE_UNITS,
+    IS_LEVELS,
+    KL_ESTIMATORS,
+    LOSS_AGG_MODES,
+    PROX_LOGP_METHODS,
+    AdvantageConfig,
+    NormConfig,
+    RejectionSamplingConfig,
+    TrainEngineConfig,
+    _json_problems,
+)
+
+
+@dataclass
+class PPOActorConfig(TrainEngineConfig):
+    """The policy: its model, and every knob of the advantage and policy-loss computation."""
+
+    # -- PPO core ---------------------------------------------------------------------------
+    ppo_n_minibatches: int = 4
+    """Optimizer steps per training iteration: the batch is split into this many minibatches."""
+    eps_clip: float = 0.2
+    """Lower clip epsilon; also the upper one unless ``eps_clip_higher`` is set."""
+    eps_clip_higher: Optional[float] = None
+    """Upper clip epsilon for asymmetric (DAPO clip-higher) clipping: ratio in [1-eps_clip, 1+eps_clip_higher]."""
+    c_clip: Optional[float] = None
+    """Dual-clip constant (> 1): caps the loss of negative-advantage tokens at c*|A|. null disables."""
+    m2_threshold: Optional[float] = None
+    """M2PO second-moment threshold; null disables."""
+    importance_sampling_level: str = "token"
+    """``token`` (PPO) or ``sequence`` (GSPO: geometric mean of the token ratios)."""
+    loss_agg_mode: str = "token-mean"
+    """How per-token losses become one scalar: ``token-mean`` (global over the optimizer step, AReaL/DAPO),
+    ``seq-mean-token-mean``, ``seq-mean-token-sum``, ``seq-mean-token-sum-norm`` (Dr.GRPO: sum / max_new_tokens)."""
+    # -- rewards ----------------------------------------------------------------------------
+    reward_norm: Optional[NormConfig] = None
+    """Normalisation of the per-sequence scalar reward (GRPO: group/group)."""
+    reward_scaling: float = 1.0
+    reward_bias: float = 0.0
+    """The reward becomes clip((r + reward_bias) * reward_scaling, -reward_clip, reward_clip)."""
+    reward_clip: float = 20.0
+    overlong_reward_penalty: bool = False
+    """DAPO soft overlong punishment: linear penalty over the last ``overlong_tokens`` before max_new_tokens."""
+    overlong_tokens: Optional[int] = None
+    overlong_penalty_factor: Optional[float] = None
+    mask_no_eos_with_zero: bool = False
+    """Replace the outcome reward of truncated rows (no EOS) with 0."""
+    max_new_tokens: int = 1024
+    """Response length limit used by the overlong penalty and Dr.GRPO's normaliser (= gconfig.max_new_tokens)."""
+    token_rewards_as_adv: bool = True
+    """Process (token) rewards are added to the normalised advantages (true) or folded into GAE (false)."""
+    # -- advantage --------------------------------------------------------------------------
+    discount: float = 1.0
+    """GAE gamma."""
+    gae_lambda: Any = 1.0
+    """GAE lambda: a float, or an import path to a function of a GAELambdaContext returning [B] lambdas."""
+    gae_lambda_kwargs: Dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of a callable ``gae_lambda`` (ignored for a float)."""
+    gae_timestep_unit: str = "token"
+    """GAE steps over generated ``token``s or generated ``turn``s (needs ``turn_ids`` from the workflow)."""
+    adv_norm: Optional[NormConfig] = None
+    """Token-level advantage normalisation after GAE."""
+    advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
+    """Staged, pluggable advantage computation."""
+    # -- KL to the reference policy ---------------------------------------------------------
+    kl_ctl: float = 0.1
+    """KL coefficient; > 0 needs a ``ref`` section. The presets set 0."""
+    kl_estimator: str = "k1"
+    # -- SAPO -------------------------------------------------------------------------------
+    use_sapo_loss: bool = False
+    """Soft sigmoid gates instead of hard clipping; needs use_decoupled_loss=false."""
+    sapo_tau_pos: float = 1.0
+    sapo_tau_neg: float = 1.05
+    # -- off-policy correction ----------------------------------------------------------------
+    recompute_logprob: bool = False
+    """Recompute pi_old with the current weights before the update (without the decoupled loss)."""
+    use_decoupled_loss: bool = False
+    """Decoupled PPO with behaviour / proximal / current policies."""
+    rejection_sampling: Optional[RejectionSamplingConfig] = None
+    """IcePop/KPop token masks and behaviour-weight clamping (decoupled loss only)."""
+    prox_logp_method: str = "recompute"
+    """``recompute`` (forward pass), ``loglinear`` (version interpolation, no forward) or ``metrics``."""
+    # -- robustness ---------------------------------------------------------------------------
+    max_consecutive_nonfinite_steps: int = 3
+    """A non-finite loss or grad norm skips the optimizer step; this many in a row stop the run."""
+
+    def check(self, key: str) -> list[str]:
+        p = super().check(key)
+        p += one_of(f"{key}.importance_sampling_level", self.importance_sampling_level, IS_LEVELS)
+        p += one_of(f"{key}.kl_estimator", self.kl_estimator, KL_ESTIMATORS)
+        p += one_of(f"{key}.prox_logp_method", self.prox_logp_method, PROX_LOGP_METHODS)
+        p += one_of(f"{key}.gae_timestep_unit", self.gae_timestep_unit, GAE_UNITS)
+        p += one_of(f"{key}.loss_agg_mode", self.loss_agg_mode, LOSS_AGG_MODES)
+        p += _positive_int(f"{key}.ppo_n_minibatches", self.ppo_n_minibatches)
+        p += _positive_int(f"{key}.max_consecutive_nonfinite_steps", self.max_consecutive_nonfinite_steps)
+        p += _positive_int(f"{key}.max_new_tokens", self.max_new_tokens)
+        if self.eps_clip < 0:
+            p.append(f"{key}.eps_clip: got {self.eps_clip}; must be >= 0.")
+        if self.eps_clip_higher is not None and self.eps_clip_higher < 0:
+            p.append(f"{key}.eps_clip_higher: got {self.eps_clip_higher}; must be >= 0 or null.")
+        if self.c_clip is not None and not self.c_clip > 1:
+            p.append(f"{key}.c_clip: got {self.c_clip}; the dual-clip constant must be > 1 (3.0 is usual), or null to disable.")
+        if self.m2_threshold is not None and not self.m2_threshold > 0:
+            p.append(f"{key}.m2_threshold: got {self.m2_threshold}; must be > 0 (M2PO uses 0.04), or null.")
+        if self.kl_ctl < 0:
+            p.append(f"{key}.kl_ctl: got {self.kl_ctl}; must be >= 0.")
+        if not self.reward_clip > 0:
+            p.append(f"{key}.reward_clip: got {self.reward_clip}; must be > 0.")
+        if not 0 <= self.discount <= 1:
+            p.append(f"{key}.discount: got {self.discount}; must be in [0, 1].")
+        p += _lambda_problems(key, self.gae_lambda) + _json_problems(f"{key}.gae_lambda_kwargs", self.gae_lambda_kwargs)
+        if self.use_sapo_loss:
+            for name in ("sapo_tau_pos", "sapo_tau_neg"):
+                if not getattr(self, name) > 0:
+                    p.append(f"{key}.{name}: got {getattr(self, name)}; SAPO temperatures must be positive.")
+            if self.use_decoupled_loss:
+                p.append(f"{key}.use_sapo_loss: SAPO is not compatible with use_decoupled_loss=true; "
+                         f"set {key}.use_decoupled_loss=false.")
+        if self.overlong_reward_penalty:
+            p += _overlong_problems(key, self.overlong_tokens, self.overlong_penalty_factor, self.max_new_tokens)
+        p += _process_stage_problems(key, self)
+        return p
+
+    def warnings(self, key: str) -> list[str]:
+        w = []
+        if self.rejection_sampling is not None and not self.use_decoupled_loss:
+            w.append(f"{key}.rejection_sampling is set but use_decoupled_loss=false: filtering is ignored.")
+        if self.use_decoupled_loss and self.rejection_sampling is None:
+            w.append(f"{key}.use_decoupled_loss=true without rejection_sampling: no behaviour importance weight "
+                     "is applied (AReaL's old default was {metric: ratio, upper: 5.0}).")
+        if self.prox_logp_method == "loglinear" and not self.use_decoupled_loss:
+            w.append(f"{key}.prox_logp_method=loglinear has no effect without use_decoupled_loss=true.")
+        return w
+
+    def should_compute_prox_logp(self) -> bool:
+        """Whether a proximal-policy forward pass is needed before the update."""
+        if self.use_decoupled_loss:
+            return self.prox_logp_method != "loglinear"
+        return self.recompute_logprob
+
+
+@dataclass
+class PPOCriticConfig(TrainEngineConfig):
+    """The value model of PPO: initialised from ``path`` with a scalar value head."""
+
+    is_critic: bool = True
+    ppo_n_minibatches: int = 4
+    eps_clip: float = 0.5
+    """Value clipping range, in absolute value units."""
+    mask_no_eos_with_zero: bool = False
+
+    def check(self, key: str) -> list[str]:
+        p = super().check(key) + _positive_int(f"{key}.ppo_n_minibatches", self.ppo_n_minibatches)
+        if not self.eps_clip > 0:
+            p.append(f"{key}.eps_clip: got {self.eps_clip}; the value clip range must be > 0.")
+        if self.optimizer is None:
+            p.append(f"{key}.optimizer: the critic is trained and needs an optimizer section.")
+        return p
+
+
+def _positive_int(key: str, value: Any) -> list[str]:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        return [f"{key}: got {value!r}; must be a positive integer."]
+    return []
+
+
+def _lambda_problems(key: str, lam: Any) -> list[str]:
+    if isinstance(lam, bool):
+        return [f"{key}.gae_lambda: got a bool ({lam}); give a float in [0, 1] or an import path."]
+    if is_number(lam):
+        if not math.isfinite(lam) or not 0 <= lam <= 1:
+            return [f"{key}.gae_lambda: got {lam}; a static lambda must be a finite number in [0, 1]."]
+        return []
+    if isinstance(lam, str):
+        if not lam.strip():
+            return [f"{key}.gae_lambda: got an empty string; give a float or 'package.module.function'."]
+        return []
+    return [f"{key}.gae_lambda: got {lam!r} ({type(lam).__name__}); give a float or an import path string."]
+
+
+def _overlong_problems(key: str, tokens: Any, factor: Any, max_new: int) -> list[str]:
+    p = []
+    if tokens is None or factor is None:
+        p.append(f"{key}.overlong_reward_penalty=true needs {key}.overlong_tokens and {key}.overlong_penalty_factor "
+                 "(DAPO uses 512 and 1.0).")
+        return p
+    if not 0 < tokens <= max_new:
+        p.append(f"{key}.overlong_tokens: got {tokens}; must be in (0, {key}.max_new_tokens={max_new}].")
+    if factor < 0:
+        p.append(f"{key}.overlong_penalty_factor: got {factor}; must be >= 0.")
+    return p
+
+
+def _process_stage_problems(key: str, cfg: "PPOActorConfig") -> list[str]:
+    stage = cfg.advantage.process_adv_shaping
+    if stage is None or stage.implementation not in ("gvpo", "process_weighted"):
+        return []
+    p = []
+    impl = stage.implementation
+    if not cfg.token_rewards_as_adv:
+        p.append(f"{key}.advantage.process_adv_shaping.implementation={impl!r} requires "
+                 f"{key}.token_rewards_as_adv=true.")
+    if impl == "process_weighted" and cfg.mask_no_eos_with_zero:
+        p.append(f"{key}.advantage.process_adv_shaping.implementation='process_weighted' requires "
+                 f"{key}.mask_no_eos_with_zero=false.")
+    if impl == "gvpo":
+        for name, v in stage.kwargs.items():
+            if name not in ("negative_scale", "zero_penalty", "zero_eps"):
+                p.append(f"{key}.advantage.process_adv_shaping.kwargs.{name}: not a GVPO parameter; "
+                         "accepted: negative_scale, zero_penalty, zero_eps.")
+            elif not is_number(v) or not math.isfinite(v) or v < 0:
+                p.append(f"{key}.advantage.process_adv_shaping.kwargs.{name}: got {v!r}; must be a finite number >= 0.")
+    return p

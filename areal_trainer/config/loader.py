@@ -1,0 +1,98 @@
+"""Compose, convert and validate a configuration: the one path shared by the CLI and Python.
+
+``load_config("grpo", ["actor.eps_clip=0.3"])`` gives the same ``TrainerConfig`` object the
+command line ``python -m areal_trainer --config-name grpo actor.eps_clip=0.3`` trains with.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+
+from hydra import compose, initialize_config_module
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from ..plugins import PluginError, resolve
+from .base import ConfigError, deferred_validation
+from .overrides import check_overrides, normalize_overrides
+from .schema import TrainerConfig
+from .store import register_configs
+from .validate import collect
+
+CONFIG_MODULE = "areal_trainer.conf"
+
+
+def load_config(config_name: str = "config", overrides: Sequence[str] = ()) -> TrainerConfig:
+    """Compose ``conf/<config_name>.yaml`` with Hydra-style ``overrides`` and validate it.
+
+    Raises:
+        ConfigError: listing every problem (unknown keys, wrong types, bad values, plugins).
+    """
+    register_configs()
+    args = normalize_overrides(list(overrides))
+    problems = check_overrides(args)
+    if problems:
+        raise ConfigError(problems)
+    try:
+        with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
+            cfg = compose(config_name=config_name, overrides=args)
+    except (HydraException, OmegaConfBaseException) as e:
+        raise ConfigError([str(e).strip()]) from None
+    return to_trainer_config(cfg)
+
+
+def to_trainer_config(cfg: DictConfig) -> TrainerConfig:
+    """Convert a composed ``DictConfig`` to ``TrainerConfig``; check every rule and plugin."""
+    cfg = cfg.copy()
+    if "hydra" in cfg:
+        with_flag = OmegaConf.is_struct(cfg)
+        OmegaConf.set_struct(cfg, False)
+        cfg.pop("hydra")
+        OmegaConf.set_struct(cfg, with_flag)
+    try:
+        with deferred_validation():
+            obj = OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as e:
+        raise ConfigError([str(e).strip()]) from None
+    problems, warns = collect(obj)
+    problems += plugin_problems(obj)
+    if problems:
+        raise ConfigError(problems)
+    for w in warns:
+        warnings.warn(w, UserWarning, stacklevel=2)
+    return obj
+
+
+def plugin_problems(cfg: TrainerConfig) -> list[str]:
+    """Import every user function named in the config; one message per failure."""
+    p: list[str] = []
+
+    def attempt(path: str | None, key: str, kwargs: dict | None = None, n_positional: int = 1) -> None:
+        if path is None:
+            return
+        try:
+            resolve(path, key, kwargs, n_positional)
+        except PluginError as e:
+            p.append(str(e))
+
+    attempt(cfg.reward.fn, "reward.fn", cfg.reward.kwargs, n_positional=3)
+    attempt(cfg.rollout.workflow, "rollout.workflow", None, n_positional=0)
+    attempt(cfg.rollout.dynamic_filter, "rollout.dynamic_filter")
+    lam = cfg.actor.gae_lambda
+    if isinstance(lam, str) and lam.strip():
+        attempt(lam, "actor.gae_lambda", cfg.actor.gae_lambda_kwargs)
+    p += advantage_problems(cfg)
+    return p
+
+
+def advantage_problems(cfg: TrainerConfig) -> list[str]:
+    """Resolve the advantage stages (built-in names and import paths) of ``actor.advantage``."""
+    from ..advantage.stages import resolve_advantage
+
+    try:
+        resolve_advantage(cfg.actor)
+    except (ConfigError, PluginError) as e:
+        return list(getattr(e, "problems", [str(e)]))
+    return []

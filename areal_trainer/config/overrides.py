@@ -1,0 +1,136 @@
+"""Command-line overrides: make ``+key=v`` work for schema keys, and check every override against
+the schema before Hydra sees it, so that all unknown keys and wrong types are reported together
+with a did-you-mean suggestion (Hydra itself stops at the first one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from typing import Any
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import ChoiceSweep, OverrideType
+
+from .schema import TrainerConfig
+
+#: Hydra config groups of ``conf/`` (``algo=ppo`` selects a file, it is not a value key).
+CONFIG_GROUPS = ("algo",)
+_BOOL_WORDS = {"yes", "no", "on", "off", "y", "n", "true", "false"}
+
+
+def normalize_overrides(args: list[str]) -> list[str]:
+    """Rewrite ``+key=v`` to ``++key=v`` for value keys, so it works whether or not the YAML sets the key.
+
+    Group appends (``+experiment=x``, ``+algo@pkg=x``) and everything else are left alone.
+    """
+    out = []
+    for a in args:
+        if a.startswith("+") and not a.startswith("++") and "=" in a:
+            key = a[1:].split("=", 1)[0]
+            if "@" not in key and "/" not in key and key not in CONFIG_GROUPS and not key.startswith("hydra"):
+                a = "+" + a
+        out.append(a)
+    return out
+
+
+def _unwrap(tp: Any) -> tuple[Any, bool]:
+    """(inner type, optional?) for ``Optional[X]``."""
+    if typing.get_origin(tp) is typing.Union:
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return args[0], True
+    return tp, False
+
+
+def _fields(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def schema_keys(cls: type = TrainerConfig, prefix: str = "") -> list[str]:
+    """Every full key of the schema (nodes and leaves), e.g. ``actor.adv_norm.mean_level``."""
+    keys = []
+    for name, tp in _fields(cls).items():
+        full = f"{prefix}{name}"
+        keys.append(full)
+        inner, _ = _unwrap(tp)
+        if dataclasses.is_dataclass(inner):
+            keys += schema_keys(inner, full + ".")
+    return keys
+
+
+def lookup(key: str, cls: type = TrainerConfig) -> tuple[str, Any]:
+    """Resolve a dotted key to ``("leaf", type)``, ``("node", dataclass)``, ``("free", None)`` for keys
+    inside a free-form dict (kwargs), or ``("missing", None)``."""
+    tp: Any = cls
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        inner, _ = _unwrap(tp)
+        if dataclasses.is_dataclass(inner):
+            fields = _fields(inner)
+            if part not in fields:
+                return "missing", None
+            tp = fields[part]
+            continue
+        if typing.get_origin(inner) in (dict, typing.Dict) or inner is Any:  # noqa: UP006
+            return "free", None
+        return "missing", None
+    inner, _ = _unwrap(tp)
+    return ("node", inner) if dataclasses.is_dataclass(inner) else ("leaf", tp)
+
+
+def _type_problem(key: str, tp: Any, value: Any) -> str | None:
+    inner, optional = _unwrap(tp)
+    if value is None:
+        return None if (optional or inner is Any) else f"{key}: null is not allowed here (expected {_tname(inner)})."
+    if isinstance(value, str) and value.startswith("${"):
+        return None  # an interpolation; OmegaConf checks it after resolution
+    ok = True
+    if inner is bool:
+        ok = isinstance(value, bool) or (isinstance(value, str) and value.lower() in _BOOL_WORDS)
+    elif inner is int:
+        ok = (isinstance(value, int) and not isinstance(value, bool)) or (isinstance(value, float) and value.is_integer())
+    elif inner is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    elif inner is str:
+        ok = not isinstance(value, (list, dict))
+    elif typing.get_origin(inner) in (list, typing.List):  # noqa: UP006
+        ok = isinstance(value, list)
+    elif typing.get_origin(inner) in (dict, typing.Dict):  # noqa: UP006
+        ok = isinstance(value, dict)
+    if ok:
+        return None
+    return f"{key}: got {value!r}, which is not a valid {_tname(inner)}."
+
+
+def _tname(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp).replace("typing.", ""))
+
+
+def check_overrides(args: list[str]) -> list[str]:
+    """Problems of the value overrides in ``args`` (unknown keys, wrong types), all at once."""
+    parser = OverridesParser.create()
+    problems = []
+    known = schema_keys()
+    for ov in parser.parse_overrides(args):
+        key = ov.key_or_group
+        if key in CONFIG_GROUPS or "/" in key or key.startswith("hydra") or ov.package is not None:
+            continue
+        if ov.type == OverrideType.DEL:
+            continue
+        kind, tp = lookup(key)
+        if kind == "missing":
+            close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            problems.append(f"{key}: not a configuration key.{hint}")
+            continue
+        if kind != "leaf":
+            continue
+        raw = ov.value()
+        values = raw.list if isinstance(raw, ChoiceSweep) else ([] if ov.is_sweep_override() else [raw])
+        for v in values:
+            msg = _type_problem(key, tp, v)
+            if msg:
+                problems.append(msg)
+    return problems

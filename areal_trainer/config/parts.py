@@ -1,0 +1,253 @@
+"""Building blocks of the model configs: normalisation, rejection sampling, optimizer,
+micro-batching, advantage stages, and the fields every train engine shares.
+
+Key names and defaults follow AReaL's ``cli_args.py`` so that AReaL configs carry over.
+Typing uses ``Optional``/``Dict`` because OmegaConf 2.3 structured configs do not accept ``X | None``.
+"""
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional
+
+from .base import Checked, is_number, one_of
+
+NORM_LEVELS = ("batch", "group", None)
+RS_LEVELS = ("token", "sequence")
+RS_ACTIONS = ("mask", "clamp")
+RS_METRICS = ("ratio", "kl_k1", "kl_k2", "kl_k3", "binary_kl")
+RS_AGGS = ("sum", "mean", "max")
+IS_LEVELS = ("token", "sequence")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+PROX_LOGP_METHODS = ("recompute", "loglinear", "metrics")
+GAE_UNITS = ("token", "turn")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+OPTIMIZERS = ("adam", "adamw", "sgd")
+LR_SCHEDULES = ("constant", "linear", "cosine")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+OUTCOME_BUILTINS = ("auto", "identity")
+ESTIMATOR_BUILTINS = ("auto", "token_gae", "turn_gae")
+PROCESS_BUILTINS = ("auto", "additive", "gvpo", "process_weighted")
+
+
+def _json_problems(key: str, value: Any) -> list[str]:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError) as e:
+        return [f"{key}: kwargs must be JSON-serialisable (plain numbers, strings, lists, dicts): {e}."]
+    return []
+
+
+@dataclass
+class NormConfig(Checked):
+    """Normalisation of rewards (``[B]``) or advantages (``[B, S]``): ``(x - mean) / (std + eps)``."""
+
+    mean_level: Optional[str] = "batch"
+    """Where the centring mean comes from: ``batch``, ``group`` (rows of one prompt) or null (no centring)."""
+    mean_leave1out: bool = False
+    """Leave-one-out mean: each element is centred by the mean of the *other* elements (RLOO)."""
+    std_level: Optional[str] = "batch"
+    """Where the scaling std comes from: ``batch``, ``group`` or null (no scaling, and no eps)."""
+    std_unbiased: bool = True
+    """Bessel's correction (divide by n-1)."""
+    eps: float = 1e-5
+    """Added to the std in the denominator."""
+    group_size: int = 1
+    """Rows per group, used only when the batch carries no group metadata (then it must divide the batch)."""
+
+    @property
+    def uses_group_statistics(self) -> bool:
+        return self.mean_level == "group" or self.std_level == "group"
+
+    def check(self, key: str) -> list[str]:
+        p = one_of(f"{key}.mean_level", self.mean_level, NORM_LEVELS)
+        p += one_of(f"{key}.std_level", self.std_level, NORM_LEVELS)
+        if self.uses_group_statistics and (not isinstance(self.group_size, int) or self.group_size < 1):
+            p.append(f"{key}.group_size: got {self.group_size!r}; group normalisation needs a positive "
+                     f"integer (usually ${{gconfig.n_samples}}).")
+        if not is_number(self.eps) or self.eps < 0 or not math.isfinite(self.eps):
+            p.append(f"{key}.eps: got {self.eps!r}; must be a finite number >= 0.")
+        return p
+
+
+@dataclass
+class RejectionSamplingConfig(Checked):
+    """Masks or clamps tokens whose proximal/behaviour divergence is out of bounds (IcePop, KPop).
+
+    Only used with ``actor.use_decoupled_loss=true``.
+    """
+
+    level: str = "token"
+    """``token``, or ``sequence`` (every token of a sequence shares the decision)."""
+    action: str = "mask"
+    """``mask`` drops out-of-bound tokens from the loss; ``clamp`` clamps the behaviour weight (ratio only)."""
+    metric: str = "ratio"
+    """``ratio`` (pi_prox/pi_behav), ``kl_k1``/``kl_k2``/``kl_k3``, or ``binary_kl`` (KPop)."""
+    agg: str = "mean"
+    """Sequence-level aggregation: ``sum``, ``mean`` or ``max`` (ignored at token level)."""
+    upper: float = 5.0
+    """A unit is kept iff metric <= upper (inclusive)."""
+    lower: Optional[float] = None
+    """Optional lower bound (kept iff lower <= metric). Not allowed with ``binary_kl``."""
+
+    def check(self, key: str) -> list[str]:
+        p = one_of(f"{key}.level", self.level, RS_LEVELS)
+        p += one_of(f"{key}.action", self.action, RS_ACTIONS)
+        p += one_of(f"{key}.metric", self.metric, RS_METRICS)
+        p += one_of(f"{key}.agg", self.agg, RS_AGGS)
+        if p:
+            return p
+        if self.lower is not None and self.lower > self.upper:
+            p.append(f"{key}.lower: got {self.lower} > upper={self.upper}; lower must not exceed upper.")
+        if self.metric == "ratio":
+            if self.upper <= 1.0:
+                p.append(f"{key}.upper: got {self.upper}; upper must be > 1.0 for metric 'ratio' "
+                         "(a ratio of 1 means on-policy; IcePop uses 5.0).")
+            if self.lower is not None and self.lower <= 0:
+                p.append(f"{key}.lower: got {self.lower}; lower must be positive for metric 'ratio' (IcePop uses 0.5).")
+        if self.metric in ("kl_k2", "kl_k3", "binary_kl") and self.upper <= 0:
+            p.append(f"{key}.upper: got {self.upper}; upper must be > 0 for metric '{self.metric}'.")
+        if self.action == "clamp" and self.metric != "ratio":
+            p.append(f"{key}.action: action='clamp' only supports metric='ratio' (got metric={self.metric!r}); "
+                     "use action=mask.")
+        if self.metric == "binary_kl" and self.lower is not None:
+            p.append(f"{key}.lower: got {self.lower}; metric 'binary_kl' (KPop) masks only above `upper`, "
+                     f"remove `lower` ({key}.lower=null).")
+        return p
+
+    def warnings(self, key: str) -> list[str]:
+        if self.level == "token" and self.agg != "mean":
+            return [f"{key}.agg={self.agg!r} is ignored when level='token'."]
+        return []
+
+
+@dataclass
+class OptimizerConfig(Checked):
+    """Optimizer and learning-rate schedule (AdamW by default)."""
+
+    type: str = "adam"
+    """``adam`` (decoupled weight decay, i.e. AdamW), ``adamw`` (same) or ``sgd``."""
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    min_lr_ratio: float = 0.0
+    """Final lr as a fraction of ``lr`` for the linear and cosine schedules."""
+    lr_scheduler_type: str = "constant"
+    """``constant``, ``linear`` or ``cosine`` (after the warm-up)."""
+    warmup_steps_proportion: float = 0.001
+    """Fraction of the total optimizer steps spent in linear warm-up."""
+    gradient_clipping: float = 1.0
+    """Max global grad norm (0 or less disables clipping)."""
+
+    def check(self, key: str) -> list[str]:
+        p = one_of(f"{key}.type", self.type, OPTIMIZERS)
+        p += one_of(f"{key}.lr_scheduler_type", self.lr_scheduler_type, LR_SCHEDULES)
+        if not self.lr > 0:
+            p.append(f"{key}.lr: got {self.lr}; must be > 0.")
+        if not 0 <= self.warmup_steps_proportion <= 1:
+            p.append(f"{key}.warmup_steps_proportion: got {self.warmup_steps_proportion}; must be in [0, 1].")
+        if not 0 <= self.min_lr_ratio <= 1:
+            p.append(f"{key}.min_lr_ratio: got {self.min_lr_ratio}; must be in [0, 1].")
+        return p
+
+
+@dataclass
+class MicroBatchSpec(Checked):
+    """How one optimizer step's rows are split into forward/backward micro-batches."""
+
+    n_mbs: int = 1
+    """Minimum number of micro-batches."""
+    granularity: int = 1
+    """Rows that must stay in the same micro-batch (e.g. a prompt's group)."""
+    max_tokens_per_mb: Optional[int] = None
+    """Token budget per micro-batch; more micro-batches are used when exceeded."""
+    n_mbs_divisor: int = 1
+    packing_algorithm: str = "ffd"
+
+    def check(self, key: str) -> list[str]:
+        p = one_of(f"{key}.packing_algorithm", self.packing_algorithm, ("ffd", "kk"))
+        if self.n_mbs < 1:
+            p.append(f"{key}.n_mbs: got {self.n_mbs}; must be >= 1.")
+        if self.max_tokens_per_mb is not None and self.max_tokens_per_mb < 1:
+            p.append(f"{key}.max_tokens_per_mb: got {self.max_tokens_per_mb}; must be >= 1 or null.")
+        return p
+
+
+@dataclass
+class StageConfig(Checked):
+    """One stage of the advantage computation: a built-in name or an import path, plus kwargs."""
+
+    implementation: str = "auto"
+    kwargs: Dict[str, Any] = field(default_factory=dict)
+
+    def check(self, key: str) -> list[str]:
+        p = []
+        if not isinstance(self.implementation, str) or not self.implementation:
+            p.append(f"{key}.implementation: got {self.implementation!r}; give a built-in name or 'package.module.function'.")
+        return p + _json_problems(f"{key}.kwargs", self.kwargs)
+
+
+@dataclass
+class AdvantageConfig(Checked):
+    """``actor.advantage``: replace the whole advantage computation, or single stages of it."""
+
+    compute: Optional[StageConfig] = field(default_factory=lambda: StageConfig(implementation="default"))
+    outcome_reward_shaping: Optional[StageConfig] = None
+    estimator: Optional[StageConfig] = None
+    process_adv_shaping: Optional[StageConfig] = None
+
+    def check(self, key: str) -> list[str]:
+        p: list[str] = []
+        replaced = self.compute is not None and self.compute.implementation not in ("default", "auto")
+        if self.compute is not None and not replaced and self.compute.kwargs:
+            p.append(f"{key}.compute.kwargs: the default compute takes no kwargs (got {dict(self.compute.kwargs)}); "
+                     "configure the stages (outcome_reward_shaping, estimator, process_adv_shaping) instead.")
+        stages = {n: getattr(self, n) for n in ("outcome_reward_shaping", "estimator", "process_adv_shaping")}
+        if replaced:
+            used = [n for n, s in stages.items() if s is not None]
+            if used:
+                p.append(f"{key}.compute.implementation={self.compute.implementation!r} replaces the whole computation "
+                         f"and cannot be combined with stage entries ({', '.join(used)}); set them to null.")
+        builtins = {"outcome_reward_shaping": OUTCOME_BUILTINS, "estimator": ESTIMATOR_BUILTINS,
+                    "process_adv_shaping": PROCESS_BUILTINS}
+        for name, stage in stages.items():
+            if stage is None or not isinstance(stage.implementation, str):
+                continue
+            impl = stage.implementation
+            if "." not in impl and impl not in builtins[name]:
+                p += one_of(f"{key}.{name}.implementation", impl, builtins[name],
+                            "Or give an import path 'package.module.function'.")
+        proc = self.process_adv_shaping
+        if proc is not None and proc.implementation == "auto" and proc.kwargs:
+            p.append(f"{key}.process_adv_shaping.kwargs: implementation 'auto' takes no kwargs (got {dict(proc.kwargs)}); "
+                     "name the implementation (e.g. gvpo) to pass kwargs.")
+        return p
+
+
+@dataclass
+class TrainEngineConfig(Checked):
+    """What every trainable (or frozen) model shares: weights, precision, optimizer, micro-batching."""
+
+    path: str = "builtin:tiny"
+    """HF hub id or local directory; ``builtin:tiny`` is the built-in offline model; ``smollm2`` the packaged one."""
+    init_from_scratch: bool = False
+    """Build the architecture of ``path`` with random weights instead of loading them."""
+    dtype: str = "auto"
+    """``auto`` = bfloat16 on CUDA, float32 on CPU."""
+    temperature: float = 1.0
+    """Logits are divided by this before log-softmax in every training-side forward (= sampling temperature)."""
+    optimizer: Optional[OptimizerConfig] = field(default_factory=OptimizerConfig)
+    """null = forward-only (the reference model)."""
+    mb_spec: MicroBatchSpec = field(default_factory=MicroBatchSpec)
+    gradient_checkpointing: bool = False
+    is_critic: bool = False
+
+    def check(self, key: str) -> list[str]:
+        p = one_of(f"{key}.dtype", self.dtype, DTYPES)
+        if not isinstance(self.path, str) or not self.path:
+            p.append(f"{key}.path: got {self.path!r}; give a HF model id, a local directory or builtin:tiny.")
+        if not is_number(self.temperature) or self.temperature <= 0:
+            p.append(f"{key}.temperature: got {self.temperature!r}; must be > 0 (use gconfig.greedy for greedy decoding).")
+        return p

@@ -1,0 +1,265 @@
+"""The experiment-level schema (``TrainerConfig``): generation, data, rollout, reward, logging,
+checkpointing. Key names follow AReaL's ``PPOConfig`` where AReaL has the key.
+
+The schema is code; YAML under ``conf/`` holds values only. ``validate.py`` walks the whole tree
+and adds the rules that span sections (``kl_ctl > 0`` needs ``ref``, group sizes, ...).
+"""
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from .actor import PPOActorConfig, PPOCriticConfig
+from .base import Checked, is_number, one_of
+
+
+@dataclass
+class GenerationHyperparameters(Checked):
+    """Sampling settings of the rollout (``gconfig``) and of evaluation (``eval_gconfig``)."""
+
+    n_samples: int = 1
+    """Answers sampled per prompt: the group size G."""
+    max_new_tokens: int = 16384
+    min_new_tokens: int = 0
+    max_tokens: int = 32768
+    """Prompt + answer length limit."""
+    greedy: bool = False
+    top_p: float = 1.0
+    top_k: int = 100000000
+    temperature: float = 1.0
+    stop_token_ids: List[int] = field(default_factory=list)
+    """Extra token ids that end an answer (EOS and pad always do)."""
+
+    def check(self, key: str) -> list[str]:
+        p = []
+        for name in ("n_samples", "max_new_tokens", "max_tokens"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                p.append(f"{key}.{name}: got {v!r}; must be a positive integer.")
+        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
+            p.append(f"{key}.min_new_tokens: got {self.min_new_tokens}; must be in [0, max_new_tokens={self.max_new_tokens}].")
+        if not 0 < self.top_p <= 1:
+            p.append(f"{key}.top_p: got {self.top_p}; must be in (0, 1].")
+        if self.top_k < 0:
+            p.append(f"{key}.top_k: got {self.top_k}; must be >= 0.")
+        if not self.greedy and (not is_number(self.temperature) or not self.temperature > 0):
+            p.append(f"{key}.temperature: got {self.temperature!r}; must be > 0 (or set {key}.greedy=true).")
+        return p
+
+
+@dataclass
+class DatasetConfig(Checked):
+    """A prompt dataset: ``builtin:arith`` (generated offline), a HF hub id, or a local jsonl/parquet file."""
+
+    path: str = "builtin:arith"
+    name: Optional[str] = None
+    """HF dataset config name (``main`` for openai/gsm8k)."""
+    split: str = "train"
+    type: str = "rl"
+    batch_size: int = 8
+    """Prompts per step (each sampled gconfig.n_samples times)."""
+    shuffle: bool = True
+    drop_last: bool = True
+    max_length: Optional[int] = None
+    """Drop prompts whose question is longer than this many tokens."""
+    max_rows: Optional[int] = None
+    """Use at most this many rows (for builtin:arith: how many problems to generate)."""
+    question_key: str = "question"
+    answer_key: str = "answer"
+
+    def check(self, key: str) -> list[str]:
+        p = one_of(f"{key}.type", self.type, ("rl", "sft"))
+        if self.batch_size < 1:
+            p.append(f"{key}.batch_size: got {self.batch_size}; must be >= 1.")
+        if self.max_length is not None and self.max_length < 1:
+            p.append(f"{key}.max_length: got {self.max_length}; must be >= 1 or null.")
+        if self.max_rows is not None and self.max_rows < 1:
+            p.append(f"{key}.max_rows: got {self.max_rows}; must be >= 1 or null.")
+        return p
+
+
+@dataclass
+class RolloutConfig(Checked):
+    """How trajectories are produced: the inference backend, the workflow, and group filtering."""
+
+    backend: str = "hf"
+    """``hf`` (transformers generate, works everywhere)."""
+    workflow: str = "areal_trainer.rollout.workflow.RLVRWorkflow"
+    """Import path of the workflow class that turns one prompt into trajectories."""
+    workflow_kwargs: Dict[str, Any] = field(default_factory=dict)
+    dynamic_filter: Optional[str] = None
+    """Import path of ``fn(group) -> bool`` deciding whether a prompt's group is trained on
+    (``areal_trainer.rollout.filters.has_reward_variance`` is DAPO's dynamic sampling)."""
+    max_sampling_rounds: int = 8
+    """With a filter and a fixed batch size: give up (with an error) after this many rounds of sampling."""
+    generation_batch_size: Optional[int] = None
+    """Sequences per generate call (null: the whole step at once)."""
+    max_head_offpolicyness: int = 0
+    """Accepted for AReaL compatibility; rollouts here are synchronous (always on-policy)."""
+
+    def check(self, key: str) -> list[str]:
+        p = one_of(f"{key}.backend", self.backend, ("hf",))
+        if self.max_sampling_rounds < 1:
+            p.append(f"{key}.max_sampling_rounds: got {self.max_sampling_rounds}; must be >= 1.")
+        return p
+
+
+@dataclass
+class RewardConfig(Checked):
+    """The reward function ``fn(prompt, completion, answer, **kwargs) -> float``, by import path."""
+
+    fn: str = "areal_trainer.reward.math.gsm8k_reward_fn"
+    kwargs: Dict[str, Any] = field(default_factory=dict)
+    error_value: float = 0.0
+    """Reward given to a sample whose reward function raised."""
+    max_error_fraction: float = 0.5
+    """Stop the run when more than this fraction of one batch's rewards raised."""
+
+    def check(self, key: str) -> list[str]:
+        p = []
+        if not isinstance(self.fn, str) or "." not in self.fn:
+            p.append(f"{key}.fn: got {self.fn!r}; give an import path 'package.module.function'.")
+        if not 0 <= self.max_error_fraction <= 1:
+            p.append(f"{key}.max_error_fraction: got {self.max_error_fraction}; must be in [0, 1].")
+        return p
+
+
+@dataclass
+class _Freq(Checked):
+    freq_epochs: Optional[int] = None
+    freq_steps: Optional[int] = None
+    freq_secs: Optional[float] = None
+
+    def check(self, key: str) -> list[str]:
+        return [f"{key}.{n}: got {getattr(self, n)}; must be > 0 or null."
+                for n in ("freq_epochs", "freq_steps", "freq_secs")
+                if getattr(self, n) is not None and not getattr(self, n) > 0]
+
+
+@dataclass
+class SaverConfig(_Freq):
+    """Checkpoints (weights, optimizer, LR schedule, data position, RNG), written atomically."""
+
+    keep_last: int = 2
+    """Keep only this many newest checkpoints (older ones are deleted after a new one is complete)."""
+
+
+@dataclass
+class EvaluatorConfig(_Freq):
+    """Held-out evaluation on ``valid_dataset`` with ``eval_gconfig``."""
+
+    eval_before_train: bool = False
+
+
+@dataclass
+class RecoverConfig(_Freq):
+    """Resume: ``auto``/``on`` resume from the newest complete checkpoint of the run directory."""
+
+    mode: str = "disabled"
+    retries: int = 3
+
+    def check(self, key: str) -> list[str]:
+        return super().check(key) + one_of(f"{key}.mode", self.mode, ("on", "auto", "off", "disabled"))
+
+
+@dataclass
+class WandbConfig(Checked):
+    mode: str = "offline"
+    """``offline`` (default; never touches the network), ``online``, or ``disabled``."""
+    project: str = "areal_trainer"
+    entity: Optional[str] = None
+    tags: List[str] = field(default_factory=list)
+
+    def check(self, key: str) -> list[str]:
+        return one_of(f"{key}.mode", self.mode, ("offline", "online", "disabled"))
+
+
+@dataclass
+class StatsLoggerConfig(Checked):
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    progress_bar: bool = True
+    plot: bool = True
+    """Write ``curves.png`` (reward and held-out accuracy) into the run directory at the end."""
+
+
+@dataclass
+class SchedulerConfig(Checked):
+    type: str = "local"
+
+    def check(self, key: str) -> list[str]:
+        if self.type == "local":
+            return []
+        return [f"{key}.type: got {self.type!r}; only 'local' is supported (one process, or several under "
+                "`accelerate launch`). For clusters, sweep with a Hydra launcher, e.g. "
+                "`-m hydra/launcher=submitit_slurm` (pip install hydra-submitit-launcher)."]
+
+
+@dataclass
+class ClusterConfig(Checked):
+    fileroot: str = "outputs"
+    """Run directories are <fileroot>/<experiment_name>/<trial_name>."""
+
+
+@dataclass
+class SFTWarmupConfig(Checked):
+    """Supervised warm start on the training set's reference answers, run before RL."""
+
+    steps: Optional[int] = None
+    """null = only for built-in (randomly initialised) models; 0 disables."""
+    lr: float = 3e-3
+    batch_size: int = 32
+    warmup_steps: int = 20
+
+    def check(self, key: str) -> list[str]:
+        if self.steps is not None and self.steps < 0:
+            return [f"{key}.steps: got {self.steps}; must be >= 0 or null."]
+        return []
+
+
+@dataclass
+class TrainerConfig(Checked):
+    """Root of the configuration tree."""
+
+    experiment_name: str = "areal_trainer"
+    trial_name: str = "trial0"
+    algorithm: str = "custom"
+    """Name of the algorithm preset (set by conf/algo/*.yaml); used in run names and sweep tables."""
+    seed: int = 1
+    device: str = "auto"
+    """``auto`` = CUDA when available, else CPU; or ``cpu``, ``cuda``, ``cuda:1``."""
+    total_train_epochs: int = 1
+    total_train_steps: Optional[int] = None
+    tokenizer_path: Optional[str] = None
+    """null = actor.path."""
+    dynamic_bs: bool = False
+    """With a dynamic filter: train on whatever one round of sampling accepted (variable batch)."""
+    gconfig: GenerationHyperparameters = field(default_factory=GenerationHyperparameters)
+    eval_gconfig: GenerationHyperparameters = field(default_factory=GenerationHyperparameters)
+    train_dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    valid_dataset: Optional[DatasetConfig] = None
+    actor: PPOActorConfig = field(default_factory=PPOActorConfig)
+    ref: Optional[PPOActorConfig] = None
+    critic: Optional[PPOCriticConfig] = None
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    sft_warmup: SFTWarmupConfig = field(default_factory=SFTWarmupConfig)
+    saver: SaverConfig = field(default_factory=SaverConfig)
+    evaluator: EvaluatorConfig = field(default_factory=EvaluatorConfig)
+    recover: RecoverConfig = field(default_factory=RecoverConfig)
+    stats_logger: StatsLoggerConfig = field(default_factory=StatsLoggerConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+
+    def check(self, key: str) -> list[str]:
+        p = []
+        if self.total_train_epochs < 1:
+            p.append(f"total_train_epochs: got {self.total_train_epochs}; must be >= 1.")
+        if self.total_train_steps is not None and self.total_train_steps < 1:
+            p.append(f"total_train_steps: got {self.total_train_steps}; must be >= 1 or null.")
+        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
+            p.append(f"device: got {self.device!r}; use auto, cpu, cuda or cuda:<index>.")
+        return p
+
+
+def is_finite_number(x: Any) -> bool:
+    return is_number(x) and math.isfinite(x)

@@ -1,0 +1,68 @@
+"""Validation of a whole ``TrainerConfig``: every section's own rules plus the rules that span
+sections. Returns all problems at once; nothing here imports torch or loads a model."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .base import Checked
+from .schema import TrainerConfig
+
+
+def _walk(node: object, key: str):
+    """Yield ``(full_key, node)`` for every config dataclass in the tree."""
+    if isinstance(node, Checked):
+        yield key, node
+    if dataclasses.is_dataclass(node):
+        for f in dataclasses.fields(node):
+            child = getattr(node, f.name)
+            if dataclasses.is_dataclass(child):
+                yield from _walk(child, f"{key}.{f.name}" if key else f.name)
+
+
+def collect(cfg: TrainerConfig) -> tuple[list[str], list[str]]:
+    """(problems, warnings) of the whole config."""
+    problems: list[str] = []
+    warns: list[str] = []
+    for key, node in _walk(cfg, ""):
+        problems += node.check(key)
+        warns += node.warnings(key)
+    p, w = _cross_section(cfg)
+    return problems + p, warns + w
+
+
+def _cross_section(cfg: TrainerConfig) -> tuple[list[str], list[str]]:
+    p: list[str] = []
+    w: list[str] = []
+    a = cfg.actor
+    if a.kl_ctl > 0 and cfg.ref is None:
+        p.append(f"actor.kl_ctl={a.kl_ctl} needs a reference model, but there is no `ref` section: add one "
+                 "(e.g. `+ref.path=${actor.path} +ref.optimizer=null`) or set actor.kl_ctl=0.")
+    rows = cfg.train_dataset.batch_size * cfg.gconfig.n_samples
+    if isinstance(a.ppo_n_minibatches, int) and a.ppo_n_minibatches > rows:
+        p.append(f"actor.ppo_n_minibatches={a.ppo_n_minibatches} exceeds the rows per step "
+                 f"(train_dataset.batch_size*gconfig.n_samples={rows}); lower it or raise the batch.")
+    if cfg.critic is not None and isinstance(cfg.critic.ppo_n_minibatches, int) and cfg.critic.ppo_n_minibatches > rows:
+        p.append(f"critic.ppo_n_minibatches={cfg.critic.ppo_n_minibatches} exceeds the rows per step ({rows}).")
+    needs_eval = any(getattr(cfg.evaluator, n) is not None for n in ("freq_epochs", "freq_steps", "freq_secs"))
+    if (needs_eval or cfg.evaluator.eval_before_train) and cfg.valid_dataset is None:
+        p.append("evaluator: evaluation is scheduled but valid_dataset is null; set valid_dataset.path "
+                 "or remove the evaluator frequencies.")
+    for name in ("reward_norm", "adv_norm"):
+        norm = getattr(a, name)
+        if norm is not None and norm.uses_group_statistics and cfg.gconfig.n_samples == 1:
+            w.append(f"actor.{name} uses group statistics but gconfig.n_samples=1: singleton group "
+                     "centring erases the task reward.")
+    if abs(a.temperature - cfg.gconfig.temperature) > 1e-9 and not cfg.gconfig.greedy:
+        w.append(f"actor.temperature={a.temperature} differs from gconfig.temperature={cfg.gconfig.temperature}: "
+                 "the training log-probabilities then do not match the sampling policy.")
+    if a.max_new_tokens != cfg.gconfig.max_new_tokens and (
+        a.overlong_reward_penalty or a.loss_agg_mode == "seq-mean-token-sum-norm"
+    ):
+        w.append(f"actor.max_new_tokens={a.max_new_tokens} differs from gconfig.max_new_tokens="
+                 f"{cfg.gconfig.max_new_tokens}; set actor.max_new_tokens=${{gconfig.max_new_tokens}}.")
+    if cfg.rollout.max_head_offpolicyness > 0:
+        w.append("rollout.max_head_offpolicyness > 0 has no effect: rollouts are synchronous (on-policy).")
+    if cfg.dynamic_bs and cfg.rollout.dynamic_filter is None:
+        w.append("dynamic_bs=true without rollout.dynamic_filter: every group is accepted, the batch is fixed.")
+    return p, w
