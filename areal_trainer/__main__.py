@@ -24,9 +24,16 @@ def _task(cfg) -> float | None:
         tcfg = to_trainer_config(cfg)
     except ConfigError as e:
         _fail(str(e))
+    from .errors import UserError
+    from .plugins import PluginError
     from .train.run import run
 
-    return run(tcfg, run_dir=HydraConfig.get().runtime.output_dir)
+    try:
+        summary = run(tcfg, run_dir=HydraConfig.get().runtime.output_dir)
+    except (UserError, PluginError, ConfigError) as e:
+        print(f"Error: {e}", file=sys.stderr)
+        sys.exit(1)
+    return summary.get("accuracy_after")
 
 
 def main() -> None:

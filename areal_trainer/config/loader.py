@@ -78,7 +78,9 @@ def plugin_problems(cfg: TrainerConfig) -> list[str]:
             p.append(str(e))
 
     attempt(cfg.reward.fn, "reward.fn", cfg.reward.kwargs, n_positional=3)
-    attempt(cfg.rollout.workflow, "rollout.workflow", None, n_positional=0)
+    # A workflow is built as cls(engine=..., tokenizer=..., reward=..., **rollout.workflow_kwargs).
+    attempt(cfg.rollout.workflow, "rollout.workflow",
+            {"engine": None, "tokenizer": None, "reward": None, **cfg.rollout.workflow_kwargs}, n_positional=0)
     attempt(cfg.rollout.dynamic_filter, "rollout.dynamic_filter")
     lam = cfg.actor.gae_lambda
     if isinstance(lam, str) and lam.strip():

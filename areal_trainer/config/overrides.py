@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import types
 import typing
 from typing import Any
 
@@ -16,7 +17,7 @@ from hydra.core.override_parser.types import ChoiceSweep, OverrideType
 from .schema import TrainerConfig
 
 #: Hydra config groups of ``conf/`` (``algo=ppo`` selects a file, it is not a value key).
-CONFIG_GROUPS = ("algo",)
+CONFIG_GROUPS = ("algo", "scale")
 _BOOL_WORDS = {"yes", "no", "on", "off", "y", "n", "true", "false"}
 
 
@@ -37,7 +38,7 @@ def normalize_overrides(args: list[str]) -> list[str]:
 
 def _unwrap(tp: Any) -> tuple[Any, bool]:
     """(inner type, optional?) for ``Optional[X]``."""
-    if typing.get_origin(tp) is typing.Union:
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         return args[0], True
     return tp, False
@@ -65,7 +66,7 @@ def lookup(key: str, cls: type = TrainerConfig) -> tuple[str, Any]:
     inside a free-form dict (kwargs), or ``("missing", None)``."""
     tp: Any = cls
     parts = key.split(".")
-    for i, part in enumerate(parts):
+    for part in parts:
         inner, _ = _unwrap(tp)
         if dataclasses.is_dataclass(inner):
             fields = _fields(inner)

@@ -4,6 +4,7 @@ sections. Returns all problems at once; nothing here imports torch or loads a mo
 from __future__ import annotations
 
 import dataclasses
+import os
 
 from .base import Checked
 from .schema import TrainerConfig
@@ -61,8 +62,22 @@ def _cross_section(cfg: TrainerConfig) -> tuple[list[str], list[str]]:
     ):
         w.append(f"actor.max_new_tokens={a.max_new_tokens} differs from gconfig.max_new_tokens="
                  f"{cfg.gconfig.max_new_tokens}; set actor.max_new_tokens=${{gconfig.max_new_tokens}}.")
+    for key, path in _local_paths(cfg):
+        if not os.path.exists(os.path.expanduser(path)):
+            p.append(f"{key}: {path!r} does not exist (no such file or directory).")
     if cfg.rollout.max_head_offpolicyness > 0:
         w.append("rollout.max_head_offpolicyness > 0 has no effect: rollouts are synchronous (on-policy).")
     if cfg.dynamic_bs and cfg.rollout.dynamic_filter is None:
         w.append("dynamic_bs=true without rollout.dynamic_filter: every group is accepted, the batch is fixed.")
     return p, w
+
+
+def _local_paths(cfg: TrainerConfig) -> list[tuple[str, str]]:
+    """Paths in the config that are clearly local (``./x``, ``/x``, ``~/x``), to check they exist."""
+    found = [("actor.path", cfg.actor.path), ("tokenizer_path", cfg.tokenizer_path),
+             ("train_dataset.path", cfg.train_dataset.path)]
+    for name in ("ref", "critic", "valid_dataset"):
+        section = getattr(cfg, name)
+        if section is not None:
+            found.append((f"{name}.path", section.path))
+    return [(k, v) for k, v in found if isinstance(v, str) and v.startswith((".", "/", "~"))]

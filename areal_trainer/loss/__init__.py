@@ -1,0 +1,93 @@
+"""Policy and value losses of the PPO family.
+
+One clipped-surrogate code path covers PPO (arXiv:1707.06347), GRPO (arXiv:2402.03300),
+Dr.GRPO (arXiv:2503.20783), DAPO's clip-higher and token-mean loss (arXiv:2503.14476), GSPO's
+sequence-level ratio (arXiv:2507.18071), SAPO's soft gates (arXiv:2511.20347), dual clipping,
+decoupled PPO with a proximal policy (AReaL, arXiv:2505.24298) and its rejection-sampling filters
+(IcePop ratio band, KPop binary-KL mask), and the M2PO second-moment filter (Zheng et al., 2025).
+The trainer owns the forward pass; these functions only see per-token tensors.
+
+Usage::
+
+    loss_fn = bind_policy_loss(actor_config)              # once
+    n = sum(loss_normalizer(mb.loss_mask, actor_config.loss_agg_mode) for mb in micro_batches)
+    for mb in micro_batches:                               # all-reduce n over ranks first
+        loss, stats = loss_fn(PolicyLossInputs(...), normalizer=n)
+        loss.backward()                                    # the summed losses are the step objective
+
+Tensors are ``[B, S]`` right-padded rows, next-token aligned (see :mod:`.types`).
+
+Stats convention. Every stats dict holds detached 0-dim tensors (no ``.item()``: nothing in the
+loss path synchronises with the device) under slash namespaces (``actor/...``, ``critic/...``).
+Keys reduce across micro-batches and ranks by their name (:func:`reduce_stats` implements it):
+
+* ending in ``/min`` or ``/max``: minimum or maximum (an empty micro-batch reports +inf / -inf);
+* ending in ``n_valid_tokens`` (``actor/n_valid_tokens``: loss tokens before any filter) or in
+  ``loss/normalizer`` (the local aggregation count of :func:`loss_normalizer`): sum;
+* every other key: a mean over the micro-batch's valid tokens (its ``n_valid_tokens``), so the step
+  value is the mean weighted by ``<namespace>/n_valid_tokens``. Fractions (``clip_frac``,
+  ``rejection/masked_frac``, ...) are counts divided by that same pre-filter token count.
+
+Actor keys: ``n_valid_tokens``, ``loss/normalizer``, ``loss/normalizer_used/max`` (the divisor
+actually applied; the global one when the trainer passes it), ``token_loss``,
+``importance_ratio/{mean,min,max}``, ``approx_kl`` (log pi_theta - log pi_prox),
+``prox_nonfinite_frac``, and as configured: ``clip_frac``, ``clip_frac_low``, ``clip_frac_high``,
+``dual_clip_frac``; ``sapo/gate``, ``sapo/gate_pos``, ``sapo/gate_neg``; ``m2po/masked_frac``,
+``m2po/m2``; ``behave_approx_kl``, ``behave_ratio/{min,max}`` (decoupled);
+``rejection/masked_frac`` or ``rejection/clamped_frac``, ``behave_weight``,
+``behave_weight/{min,max}``; ``entropy``; ``staleness``, ``staleness/max`` (with versions);
+``prox_approx/alpha`` and ``prox_approx/<method>/{abs_err,rel_err,sq_err,weight_abs_err}``.
+Critic keys: see :func:`value_loss`.
+"""
+
+from .aggregate import LOSS_AGG_MODES, aggregate_loss, loss_normalizer
+from .gate import clip_ratio, clipped_surrogate, dual_clip, sapo_gate, sapo_surrogate
+from .m2po import m2po_mask
+from .policy import (
+    PolicyLossFn,
+    RejectionSettings,
+    bind_policy_loss,
+    compute_policy_loss,
+    policy_loss,
+    resolve_prox_logp,
+)
+from .prox import approximate_prox_logp, version_alpha
+from .ratio import importance_ratio, sequence_mean_advantage, sequence_ratio, token_ratio
+from .rejection import RejectionResult, apply_rejection_sampling, binary_kl
+from .stats import reduce_stats, reduction_of
+from .types import PolicyLossInputs, PolicyLossResult, Stats
+from .value import explained_variance, value_loss
+
+__all__ = [
+    "LOSS_AGG_MODES",
+    "PolicyLossFn",
+    "PolicyLossInputs",
+    "PolicyLossResult",
+    "RejectionResult",
+    "RejectionSettings",
+    "Stats",
+    "aggregate_loss",
+    "apply_rejection_sampling",
+    "approximate_prox_logp",
+    "binary_kl",
+    "bind_policy_loss",
+    "clip_ratio",
+    "clipped_surrogate",
+    "compute_policy_loss",
+    "dual_clip",
+    "explained_variance",
+    "importance_ratio",
+    "loss_normalizer",
+    "m2po_mask",
+    "policy_loss",
+    "reduce_stats",
+    "reduction_of",
+    "resolve_prox_logp",
+    "sapo_gate",
+    "sapo_surrogate",
+    "sequence_mean_advantage",
+    "sequence_ratio",
+    "token_ratio",
+    "value_loss",
+    "version_alpha",
+]

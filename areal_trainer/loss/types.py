@@ -1,0 +1,63 @@
+"""Inputs and result of the policy loss.
+
+Tensor conventions (shared by every module of :mod:`areal_trainer.loss`): per-token tensors are
+``[B, S]``, one right-padded row per sequence, and next-token aligned, so position ``t`` holds the
+log-probability of token ``t + 1``. ``loss_mask[b, t]`` is true where that token is trained on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+Stats = dict[str, torch.Tensor]
+"""Detached 0-dim tensors keyed by slash-namespaced names (see the package docstring)."""
+
+
+@dataclass(frozen=True)
+class PolicyLossInputs:
+    """One micro-batch of the actor update.
+
+    Attributes:
+        logprobs: ``[B, S]`` log pi_theta of the taken tokens; the only tensor the loss differentiates.
+        proximal_logprobs: ``[B, S]`` log pi_prox (the policy the PPO ratio is taken against), or None
+            when it is to be approximated from versions (``prox_logp_method=loglinear``).
+            Without the decoupled loss the caller passes the old/behaviour logprobs here.
+        behavior_logprobs: ``[B, S]`` log pi_behav, the "old" policy: the inference engine's logprobs,
+            or, without the decoupled loss but with ``recompute_logprob``, their recomputation (AReaL's
+            ``old_logp``). SAPO's ratio and the M2PO / rejection-sampling divergences are taken against it.
+        advantages: ``[B, S]`` advantage per token.
+        loss_mask: ``[B, S]`` bool or 0/1; true on tokens that enter the loss.
+        versions: ``[B, S]`` integer policy version of the behaviour token at each position
+            (aligned like the logprobs), -1 at prompt and padding positions.
+        current_version: the version of pi_theta (an int or a 0-dim tensor).
+        entropy: ``[B, S]`` per-token entropy of pi_theta, detached, only reported in the stats.
+    """
+
+    logprobs: torch.Tensor
+    proximal_logprobs: torch.Tensor | None
+    behavior_logprobs: torch.Tensor
+    advantages: torch.Tensor
+    loss_mask: torch.Tensor
+    versions: torch.Tensor | None = None
+    current_version: int | torch.Tensor | None = None
+    entropy: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        # Shape checks read only Python metadata: no device synchronisation.
+        shape = tuple(self.logprobs.shape)
+        if len(shape) != 2:
+            raise ValueError(f"logprobs must be [B, S] (right-padded rows); got shape {shape}.")
+        for name in ("proximal_logprobs", "behavior_logprobs", "advantages", "loss_mask", "versions", "entropy"):
+            t = getattr(self, name)
+            if t is not None and tuple(t.shape) != shape:
+                raise ValueError(f"{name} has shape {tuple(t.shape)}; expected {shape} like logprobs.")
+
+
+class PolicyLossResult(NamedTuple):
+    """``loss``: 0-dim float32 tensor to backpropagate; ``stats``: detached 0-dim metrics."""
+
+    loss: torch.Tensor
+    stats: Stats

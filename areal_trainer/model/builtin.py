@@ -1,0 +1,69 @@
+"""Built-in models that need no download: a word-level tokenizer made in code and small Llama
+models with random weights (``builtin:tiny`` ~1M parameters, ``builtin:small`` ~10M).
+
+The tokenizer covers the built-in arithmetic task (``data/arith.py``): every word and every
+number is one token, pieces after a space carry a leading ``▁`` (decoded back to a space), and
+the chat template is ChatML-like. Both save and load like any Hugging Face checkpoint.
+"""
+
+from __future__ import annotations
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from ..data import arith
+
+SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+SIZES = {
+    "tiny": dict(hidden_size=128, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4),
+    "small": dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=10, num_attention_heads=8),
+}
+
+
+def is_builtin(path: str) -> bool:
+    return isinstance(path, str) and path.startswith("builtin:")
+
+
+def builtin_size(path: str) -> str:
+    size = path.split(":", 1)[1]
+    if size not in SIZES:
+        raise ValueError(f"unknown built-in model {path!r}; choose one of "
+                         + ", ".join(f"builtin:{s}" for s in SIZES))
+    return size
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """The word-level tokenizer of the built-in task (deterministic)."""
+    tk = Tokenizer(models.WordLevel(unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split("\n", behavior="isolated"),
+        pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="never", split=True),
+        pre_tokenizers.Punctuation(behavior="isolated"),
+    ])
+    tk.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="never")
+    trainer = trainers.WordLevelTrainer(special_tokens=SPECIALS, min_frequency=1, show_progress=False)
+    tk.train_from_iterator(arith.corpus() + ["user\nassistant\nsystem"], trainer)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=tk, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>",
+        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+    )
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def build_model(path: str, tokenizer: PreTrainedTokenizerFast, seed: int) -> LlamaForCausalLM:
+    """A randomly initialised Llama of the named built-in size (weights depend only on ``seed``)."""
+    dims = SIZES[builtin_size(path)]
+    cfg = LlamaConfig(
+        vocab_size=len(tokenizer), max_position_embeddings=512, tie_word_embeddings=True,
+        num_key_value_heads=dims["num_attention_heads"], pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, **dims,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return LlamaForCausalLM(cfg)

@@ -1,0 +1,85 @@
+"""Load tokenizers and models: built-in ones, local directories, or Hugging Face hub ids.
+
+``dtype: auto`` keeps float32 weights and runs forwards under bfloat16 autocast on CUDA (float32
+master weights and optimizer state), and plain float32 on CPU.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ..errors import UserError
+from . import builtin
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def param_dtype(dtype: str) -> torch.dtype:
+    return {"auto": torch.float32, "float32": torch.float32, "bfloat16": torch.bfloat16,
+            "float16": torch.float16}[dtype]
+
+
+def autocast_dtype(dtype: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype for forwards (None = no autocast)."""
+    return torch.bfloat16 if dtype == "auto" and device.type == "cuda" else None
+
+
+def _missing(path: str, key: str, err: Exception) -> UserError:
+    if os.path.sep in path and (path.startswith((".", os.path.sep, "~")) or not _looks_like_hub_id(path)):
+        return UserError(f"{key}: {path!r} does not exist (no such directory). Give an existing checkpoint "
+                         "directory, a Hugging Face model id, or builtin:tiny.")
+    offline = os.environ.get("HF_HUB_OFFLINE") == "1"
+    hint = " (HF_HUB_OFFLINE=1 is set and it is not in the local cache)" if offline else ""
+    return UserError(f"{key}: cannot load {path!r}{hint}: {str(err).splitlines()[0]}")
+
+
+def _looks_like_hub_id(path: str) -> bool:
+    parts = path.split("/")
+    return len(parts) == 2 and all(parts)
+
+
+def load_tokenizer(path: str, key: str = "tokenizer_path"):
+    """A tokenizer with a pad token (the EOS token when the checkpoint has none)."""
+    if builtin.is_builtin(path):
+        return builtin.build_tokenizer()
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        if os.path.isfile(os.path.join(path, "tokenizer.json")):
+            tok = PreTrainedTokenizerFast.from_pretrained(path)
+        else:
+            raise _missing(path, key, e) from None
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_causal_lm(path: str, *, tokenizer, dtype: str, device: torch.device, seed: int,
+                   init_from_scratch: bool = False, key: str = "actor.path"):
+    """A causal LM on ``device`` in training precision."""
+    if builtin.is_builtin(path):
+        try:
+            model = builtin.build_model(path, tokenizer, seed)
+        except ValueError as e:
+            raise UserError(f"{key}: {e}") from None
+        return model.to(device=device, dtype=param_dtype(dtype))
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        if init_from_scratch:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
+        else:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=param_dtype(dtype))
+    except (OSError, ValueError) as e:
+        raise _missing(path, key, e) from None
+    return model.to(device=device, dtype=param_dtype(dtype))

@@ -1,0 +1,74 @@
+"""Trajectory tensors: build one row from prompt and answer tokens, and pad/concatenate groups.
+
+A trajectory group is a dict of right-padded, token-aligned tensors for the answers of one prompt
+(``[G, L]``; ``rewards`` and ``is_truncated`` are ``[G]``). ``concat_groups`` pads every group to
+the widest row and stacks them into the batch, recording the rows of each group.
+"""
+
+from __future__ import annotations
+
+import torch
+
+ROW_KEYS = ("input_ids", "attention_mask", "loss_mask", "logprobs", "turn_ids", "versions")
+PAD_VALUES = {"input_ids": 0, "attention_mask": 0, "loss_mask": 0, "logprobs": 0.0, "turn_ids": -1, "versions": -1,
+              "token_rewards": 0.0}
+
+
+def make_row(segments: list[tuple[list[int], bool, list[float] | None, int]], version: int) -> dict[str, torch.Tensor]:
+    """One trajectory row from ``(tokens, trainable, logprobs, turn_id)`` segments in order.
+
+    Trainable segments are model outputs (loss_mask 1, their turn id, behaviour logprobs);
+    the others are prompt, user or tool tokens (loss_mask 0, turn id -1, logprob 0, version -1).
+    """
+    ids, lmask, logps, turns, versions = [], [], [], [], []
+    for tokens, trainable, lp, turn in segments:
+        n = len(tokens)
+        ids += tokens
+        lmask += [1.0 if trainable else 0.0] * n
+        logps += list(lp) if trainable else [0.0] * n
+        turns += [turn if trainable else -1] * n
+        versions += [version if trainable else -1] * n
+    return {
+        "input_ids": torch.tensor(ids, dtype=torch.long),
+        "attention_mask": torch.ones(len(ids), dtype=torch.long),
+        "loss_mask": torch.tensor(lmask, dtype=torch.float32),
+        "logprobs": torch.tensor(logps, dtype=torch.float32),
+        "turn_ids": torch.tensor(turns, dtype=torch.int32),
+        "versions": torch.tensor(versions, dtype=torch.int32),
+    }
+
+
+def stack_rows(rows: list[dict[str, torch.Tensor]], width: int | None = None) -> dict[str, torch.Tensor]:
+    """Right-pad 1-D rows to ``width`` (default: the longest) and stack them into ``[N, width]``."""
+    width = width or max(len(r["input_ids"]) for r in rows)
+    out = {}
+    for key in rows[0]:
+        t = torch.full((len(rows), width), PAD_VALUES.get(key, 0), dtype=rows[0][key].dtype)
+        for i, r in enumerate(rows):
+            t[i, : len(r[key])] = r[key]
+        out[key] = t
+    return out
+
+
+def concat_groups(groups: list[dict[str, torch.Tensor]]) -> tuple[dict[str, torch.Tensor], list[int]]:
+    """Concatenate trajectory groups into one ``[B, S]`` batch; also return the rows per group."""
+    width = max(g["input_ids"].shape[1] for g in groups)
+    out: dict[str, torch.Tensor] = {}
+    for key, first in groups[0].items():
+        if first.dim() == 2:
+            parts = []
+            for g in groups:
+                t = g[key]
+                pad = torch.full((t.shape[0], width - t.shape[1]), PAD_VALUES.get(key, 0), dtype=t.dtype)
+                parts.append(torch.cat([t, pad], dim=1))
+            out[key] = torch.cat(parts)
+        else:
+            out[key] = torch.cat([g[key] for g in groups])
+    return out, [int(g["input_ids"].shape[0]) for g in groups]
+
+
+def select_rows(batch: dict[str, torch.Tensor], idx: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Rows ``idx`` of every tensor, trimmed to the longest selected row."""
+    sub = {k: v[idx] for k, v in batch.items()}
+    width = int(sub["attention_mask"].sum(1).max()) if len(idx) else 0
+    return {k: (v[:, :width] if v.dim() == 2 else v) for k, v in sub.items()}

@@ -1,0 +1,56 @@
+"""Where metrics go: ``metrics.jsonl`` in the run directory (one JSON object per step), wandb
+(offline by default, so nothing leaves the machine unless ``stats_logger.wandb.mode=online``),
+and the console summary lines."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+
+
+class StatsLogger:
+    def __init__(self, run_dir: str, cfg, resume_step: int | None = None):
+        self.path = os.path.join(run_dir, "metrics.jsonl")
+        os.makedirs(run_dir, exist_ok=True)
+        if resume_step is None:
+            open(self.path, "w").close()
+        else:
+            self._truncate_after(resume_step)
+        self.wandb = None
+        wcfg = cfg.stats_logger.wandb
+        if wcfg.mode != "disabled" and os.environ.get("WANDB_MODE") != "disabled":
+            import wandb
+
+            self.wandb = wandb.init(
+                project=wcfg.project, entity=wcfg.entity, name=f"{cfg.experiment_name}/{cfg.trial_name}",
+                group=cfg.experiment_name, tags=list(wcfg.tags), mode=wcfg.mode, dir=run_dir,
+                config=dataclasses.asdict(cfg), reinit="finish_previous")
+        self.t0 = time.time()
+
+    def _truncate_after(self, step: int) -> None:
+        """On resume, drop records of steps after the checkpoint (they will be redone)."""
+        if not os.path.exists(self.path):
+            return
+        with open(self.path) as f:
+            keep = [line for line in f if line.strip() and json.loads(line).get("step", 0) <= step]
+        with open(self.path, "w") as f:
+            f.writelines(keep)
+
+    def log(self, step: int, metrics: dict) -> None:
+        record = {"step": step, **{k: (float(v) if isinstance(v, (int, float)) else v) for k, v in metrics.items()}}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.wandb is not None:
+            self.wandb.log(metrics, step=step)
+
+    def close(self) -> None:
+        if self.wandb is not None:
+            self.wandb.finish()
+            self.wandb = None
+
+
+def read_metrics(path: str) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]

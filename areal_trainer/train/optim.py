@@ -1,0 +1,40 @@
+"""Optimizer and learning-rate schedule from ``OptimizerConfig``.
+
+The schedule is linear warm-up over ``warmup_steps_proportion`` of the run, then constant, linear
+or cosine decay to ``min_lr_ratio * lr``. It steps once per training iteration.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..config.parts import OptimizerConfig
+
+
+def build_optimizer(params, cfg: OptimizerConfig) -> torch.optim.Optimizer:
+    params = [p for p in params if p.requires_grad]
+    if cfg.type == "sgd":
+        return torch.optim.SGD(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    # "adam" is AdamW (decoupled weight decay), as in AReaL's FSDP engine.
+    return torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
+                             weight_decay=cfg.weight_decay)
+
+
+def lr_factor(step: int, total: int, cfg: OptimizerConfig) -> float:
+    """Multiplier of ``cfg.lr`` at optimizer step ``step`` of ``total``."""
+    warmup = int(cfg.warmup_steps_proportion * total)
+    if step < warmup:
+        return (step + 1) / (warmup + 1)
+    if cfg.lr_scheduler_type == "constant":
+        return 1.0
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    lo = cfg.min_lr_ratio
+    if cfg.lr_scheduler_type == "linear":
+        return lo + (1 - lo) * (1 - progress)
+    return lo + (1 - lo) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def build_scheduler(opt: torch.optim.Optimizer, cfg: OptimizerConfig, total_steps: int):
+    return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, total_steps, cfg))

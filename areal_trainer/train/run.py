@@ -1,0 +1,219 @@
+"""The training loop. Each step: rollout (generate + reward) -> extra forwards -> advantage ->
+policy update -> evaluation / checkpoint -> metrics. ``run(cfg, run_dir)`` is the whole job.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from ..advantage.stages import resolve_advantage
+from ..config.schema import TrainerConfig
+from ..data.datasets import build_samples
+from ..data.loader import PromptLoader
+from ..errors import UserError
+from ..loss import bind_policy_loss
+from ..model.builtin import is_builtin
+from ..model.load import autocast_dtype, load_causal_lm, load_tokenizer, resolve_device
+from ..plugins import import_object
+from ..reward.runner import RewardRunner
+from ..rollout.batch import concat_groups
+from ..rollout.engine import HFEngine
+from ..tracking.logger import StatsLogger, read_metrics
+from ..tracking.plot import plot_run
+from . import checkpoint as ckpt
+from .collect import collect_groups
+from .evaluate import evaluate
+from .optim import build_optimizer, build_scheduler
+from .sft import sft_warmup
+from .step import batched_logprobs, compute_advantage, policy_update, rollout_metrics, training_batch
+
+DEFAULT_SFT_STEPS = 450
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+class RLTrainer:
+    """Builds every component from the config once, then ``train()`` runs the steps."""
+
+    def __init__(self, cfg: TrainerConfig, run_dir: str):
+        self.cfg, self.run_dir = cfg, run_dir
+        seed_everything(cfg.seed)
+        self.device = resolve_device(cfg.device)
+        self.autocast = autocast_dtype(cfg.actor.dtype, self.device)
+        self.resume_from = self._resume_checkpoint()
+        self.tokenizer = load_tokenizer(cfg.tokenizer_path or cfg.actor.path,
+                                        key="tokenizer_path" if cfg.tokenizer_path else "actor.path")
+        self.train_samples = build_samples(cfg.train_dataset, self.tokenizer, "train_dataset")
+        self.valid_samples = (build_samples(cfg.valid_dataset, self.tokenizer, "valid_dataset")
+                              if cfg.valid_dataset is not None else None)
+        path = os.path.join(self.resume_from, "actor") if self.resume_from else cfg.actor.path
+        self.model = load_causal_lm(path, tokenizer=self.tokenizer, dtype=cfg.actor.dtype, device=self.device,
+                                    seed=cfg.seed, init_from_scratch=cfg.actor.init_from_scratch and not self.resume_from)
+        if cfg.actor.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable()
+        self.engine = HFEngine(self.model, self.tokenizer, device=self.device, autocast_dtype=self.autocast,
+                             batch_size=cfg.rollout.generation_batch_size)
+        reward = RewardRunner(import_object(cfg.reward.fn, "reward.fn"), name=cfg.reward.fn, kwargs=cfg.reward.kwargs,
+                              error_value=cfg.reward.error_value, max_error_fraction=cfg.reward.max_error_fraction)
+        self.workflow = import_object(cfg.rollout.workflow, "rollout.workflow")(
+            engine=self.engine, tokenizer=self.tokenizer, reward=reward, **cfg.rollout.workflow_kwargs)
+        self.accept = import_object(cfg.rollout.dynamic_filter, "rollout.dynamic_filter") if cfg.rollout.dynamic_filter else None
+        self.advantage_fn = resolve_advantage(cfg.actor)
+        self.loss_fn = bind_policy_loss(cfg.actor)
+        self.loader = PromptLoader(self.train_samples, cfg.train_dataset.batch_size, shuffle=cfg.train_dataset.shuffle,
+                                   drop_last=cfg.train_dataset.drop_last, seed=cfg.seed)
+        total = cfg.total_train_epochs * self.loader.steps_per_epoch
+        self.total_steps = min(total, cfg.total_train_steps) if cfg.total_train_steps else total
+        self.optimizer = build_optimizer(self.model.parameters(), cfg.actor.optimizer)
+        self.scheduler = build_scheduler(self.optimizer, cfg.actor.optimizer, self.total_steps)
+        self.step, self.consecutive_skips = 0, 0
+        self.last_save = self.last_eval = time.time()
+
+    def _resume_checkpoint(self) -> str | None:
+        found = ckpt.latest_checkpoint(self.run_dir)
+        if self.cfg.recover.mode in ("auto", "on"):
+            return found
+        if found:
+            raise UserError(f"{self.run_dir} already holds checkpoints of an earlier run ({found}). Resume it with "
+                            "recover.mode=auto, or start a new run with another trial_name.")
+        return None
+
+    # -- state ------------------------------------------------------------------------------------
+    def _restore(self) -> None:
+        state = ckpt.load_trainer_state(self.resume_from)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.loader.load_state_dict(state["loader"])
+        self.step, self.consecutive_skips = state["step"], state["consecutive_skips"]
+        self.engine.version = state["version"]
+        ckpt.set_rng_state(state["rng"])
+
+    def _save(self) -> str:
+        state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                 "loader": self.loader.state_dict(), "consecutive_skips": self.consecutive_skips,
+                 "version": self.engine.version}
+        self.last_save = time.time()
+        return ckpt.save_checkpoint(self.run_dir, self.step, models={"actor": self.model}, tokenizer=self.tokenizer,
+                                    state=state, keep_last=self.cfg.saver.keep_last)
+
+    # -- schedule ---------------------------------------------------------------------------------
+    def _due(self, freq, last: float) -> bool:
+        epoch_end = self.step % self.loader.steps_per_epoch == 0
+        return bool((freq.freq_steps and self.step % freq.freq_steps == 0)
+                    or (freq.freq_epochs and epoch_end and (self.step // self.loader.steps_per_epoch) % freq.freq_epochs == 0)
+                    or (freq.freq_secs and time.time() - last >= freq.freq_secs))
+
+    def _evaluate(self) -> dict[str, float]:
+        if self.valid_samples is None:
+            return {}
+        t0 = time.time()
+        out = evaluate(self.workflow, self.valid_samples, self.cfg.eval_gconfig, self.cfg.valid_dataset.batch_size)
+        self.last_eval = time.time()
+        out["time/eval"] = self.last_eval - t0
+        return out
+
+    # -- the loop ---------------------------------------------------------------------------------
+    def warm_start(self, log: StatsLogger) -> None:
+        steps = self.cfg.sft_warmup.steps
+        if steps is None:
+            steps = DEFAULT_SFT_STEPS if is_builtin(self.cfg.actor.path) else 0
+        if steps > 0:
+            t0 = time.time()
+            losses = sft_warmup(self.model, self.tokenizer, self.train_samples, self.cfg.sft_warmup, steps=steps,
+                                seed=self.cfg.seed, device=self.device, autocast_dtype=self.autocast,
+                                progress=self.cfg.stats_logger.progress_bar)
+            log.log(0, {"sft/loss": losses[-1], "sft/steps": steps, "time/sft": time.time() - t0})
+
+    def train_step(self) -> dict[str, float]:
+        cfg, a = self.cfg, self.cfg.actor
+        t0 = time.time()
+        groups, metrics = collect_groups(self.loader, self.workflow, cfg.gconfig, batch_size=cfg.train_dataset.batch_size,
+                                         accept=self.accept, dynamic_bs=cfg.dynamic_bs,
+                                         max_rounds=cfg.rollout.max_sampling_rounds)
+        batch, sizes = concat_groups(groups)
+        data = {k: v.to(self.device) for k, v in batch.items()}
+        t1 = time.time()
+        if a.should_compute_prox_logp():
+            data["prox_logp"] = batched_logprobs(self.model, data, temperature=a.temperature, mb_spec=a.mb_spec,
+                                                 autocast_dtype=self.autocast)
+        t2 = time.time()
+        adv = compute_advantage(self.advantage_fn, data, a, sizes)
+        t3 = time.time()
+        upd, skipped = policy_update(self.model, self.optimizer, training_batch(data, adv), loss_fn=self.loss_fn,
+                                     actor_cfg=a, version=self.engine.version, autocast_dtype=self.autocast)
+        self.scheduler.step()
+        self.engine.version += 1
+        t4 = time.time()
+        self.consecutive_skips = self.consecutive_skips + 1 if skipped == a.ppo_n_minibatches else 0
+        tokens = float(data["attention_mask"].sum())
+        metrics.update(rollout_metrics(data, adv))
+        metrics.update(upd)
+        metrics.update({"rollout/reward_errors": float(self.workflow.reward_errors),
+                        "time/rollout": t1 - t0, "time/logprobs": t2 - t1, "time/advantage": t3 - t2,
+                        "time/update": t4 - t3, "time/step": t4 - t0, "perf/tokens_per_s": tokens / max(t4 - t0, 1e-9),
+                        "lr": self.scheduler.get_last_lr()[0]})
+        return metrics
+
+    def train(self) -> dict[str, float]:
+        if self.resume_from:
+            self._restore()
+        log = StatsLogger(self.run_dir, self.cfg, resume_step=self.step if self.resume_from else None)
+        if not self.resume_from:
+            self.warm_start(log)
+            if self.cfg.evaluator.eval_before_train:
+                log.log(0, self._evaluate())
+        bar = tqdm(total=self.total_steps, initial=self.step, desc=f"{self.cfg.algorithm}", dynamic_ncols=True,
+                   disable=not self.cfg.stats_logger.progress_bar)
+        last: dict[str, float] = {}
+        try:
+            while self.step < self.total_steps:
+                metrics = self.train_step()
+                self.step += 1
+                if self.consecutive_skips >= self.cfg.actor.max_consecutive_nonfinite_steps:
+                    found = ckpt.latest_checkpoint(self.run_dir)
+                    raise UserError(f"{self.consecutive_skips} consecutive optimizer steps had a non-finite loss or "
+                                    f"gradient norm; stopping at step {self.step}. Last checkpoint: {found}. Lower "
+                                    "actor.optimizer.lr, check the reward scale, or raise actor.max_consecutive_nonfinite_steps.")
+                final = self.step == self.total_steps
+                if self._due(self.cfg.evaluator, self.last_eval) or final:
+                    metrics.update(self._evaluate())
+                if self._due(self.cfg.saver, self.last_save) or self._due(self.cfg.recover, self.last_save):
+                    self._save()
+                log.log(self.step, metrics)
+                last = metrics
+                bar.set_postfix(reward=f"{metrics['reward/task']:.3f}",
+                                **({"acc": f"{metrics['eval/accuracy']:.3f}"} if "eval/accuracy" in metrics else {}))
+                bar.update(1)
+        finally:
+            bar.close()
+            log.close()
+        return self._summary(last)
+
+    def _summary(self, last: dict[str, float]) -> dict[str, float]:
+        records = read_metrics(log_path := os.path.join(self.run_dir, "metrics.jsonl"))
+        acc = [(r["step"], r["eval/accuracy"]) for r in records if "eval/accuracy" in r]
+        if self.cfg.stats_logger.plot and records:
+            plot_run(self.run_dir, title=f"{self.cfg.algorithm} / {self.cfg.experiment_name} / {self.cfg.trial_name}")
+        summary = {"final_step": self.step, **{k: v for k, v in last.items() if k.startswith(("eval/", "reward/"))}}
+        if acc:
+            before, after = acc[0][1], acc[-1][1]
+            summary.update({"accuracy_before": before, "accuracy_after": after})
+            print(f"held-out accuracy: {100 * before:.1f}% at step {acc[0][0]} (before RL) -> {100 * after:.1f}% at "
+                  f"step {acc[-1][0]} ({100 * (after - before):+.1f} points)")
+        print(f"run directory: {self.run_dir} (metrics: {log_path})")
+        return summary
+
+
+def run(cfg: TrainerConfig, run_dir: str) -> dict[str, float]:
+    """Train according to ``cfg``, writing everything into ``run_dir``; returns a summary."""
+    return RLTrainer(cfg, run_dir).train()

@@ -1,0 +1,103 @@
+"""One RL step on a collected batch: the extra forwards (proximal policy, reference policy,
+critic values), the advantage, and the policy update. Pure orchestration: the math lives in
+``advantage`` and ``loss``, the forward in ``train/logprobs.py``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..advantage import AdvantageInputs, AdvantageResult, TrajBatchMeta
+from ..loss import PolicyLossInputs, loss_normalizer
+from ..rollout.batch import select_rows
+from .logprobs import forward_logprobs
+from .update import micro_batches, optimizer_steps
+
+
+@torch.no_grad()
+def batched_logprobs(model, batch: dict, *, temperature: float, mb_spec, autocast_dtype) -> torch.Tensor:
+    """``[B, S]`` next-token log-probabilities of ``batch`` under ``model``, micro-batch by micro-batch."""
+    out = torch.zeros(batch["input_ids"].shape, dtype=torch.float32, device=batch["input_ids"].device)
+    lengths = batch["attention_mask"].sum(1).tolist()
+    for rows in micro_batches(list(range(len(lengths))), lengths, mb_spec):
+        idx = torch.tensor(rows, device=out.device)
+        sub = select_rows({"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}, idx)
+        logp, _ = forward_logprobs(model, sub["input_ids"], sub["attention_mask"], temperature=temperature,
+                                   autocast_dtype=autocast_dtype)
+        out[idx, : logp.shape[1]] = logp
+    return out
+
+
+def aligned_versions(versions: torch.Tensor) -> torch.Tensor:
+    """Roll token-aligned policy versions to next-token alignment (last column -1)."""
+    v = torch.roll(versions, -1, dims=1)
+    v[:, -1] = -1
+    return v
+
+
+def compute_advantage(advantage_fn, data: dict, actor_cfg, group_sizes: list[int], all_reduce=None) -> AdvantageResult:
+    meta = TrajBatchMeta(traj_group_sizes=tuple(group_sizes))
+    return advantage_fn(AdvantageInputs(data=data, config=actor_cfg, meta=meta, all_reduce=all_reduce))
+
+
+def training_batch(data: dict, adv: AdvantageResult) -> dict[str, torch.Tensor]:
+    """What the policy update needs, all ``[B, S]`` and next-token aligned."""
+    batch = {
+        "input_ids": data["input_ids"], "attention_mask": data["attention_mask"],
+        "loss_mask": adv.loss_mask, "old_logp": adv.logprobs, "advantages": adv.advantages,
+        "versions": aligned_versions(data["versions"]),
+    }
+    prox = (adv.extras or {}).get("prox_logp", data.get("prox_logp"))
+    if prox is not None:
+        batch["prox_logp"] = prox
+    return batch
+
+
+def policy_update(model, optimizer, batch: dict, *, loss_fn, actor_cfg, version: int, autocast_dtype,
+                  all_reduce=None) -> tuple[dict[str, float], int]:
+    """``actor.ppo_n_minibatches`` optimizer steps of the policy; returns (metrics, skipped steps)."""
+
+    def normalizer_of(sub: dict) -> torch.Tensor:
+        return loss_normalizer(sub["loss_mask"], actor_cfg.loss_agg_mode)
+
+    def loss_of(sub: dict, normalizer: torch.Tensor):
+        logp, entropy = forward_logprobs(model, sub["input_ids"], sub["attention_mask"],
+                                         temperature=actor_cfg.temperature, with_entropy=True,
+                                         autocast_dtype=autocast_dtype)
+        inputs = PolicyLossInputs(
+            logprobs=logp, proximal_logprobs=sub.get("prox_logp"), behavior_logprobs=sub["old_logp"],
+            advantages=sub["advantages"], loss_mask=sub["loss_mask"], versions=sub["versions"],
+            current_version=version, entropy=entropy)
+        result = loss_fn(inputs, normalizer=normalizer)
+        return result.loss, result.stats
+
+    opt_cfg = actor_cfg.optimizer
+    return optimizer_steps(batch, model=model, optimizer=optimizer, n_minibatches=actor_cfg.ppo_n_minibatches,
+                           mb_spec=actor_cfg.mb_spec, grad_clip=opt_cfg.gradient_clipping,
+                           normalizer_of=normalizer_of, loss_of=loss_of, all_reduce=all_reduce)
+
+
+def rollout_metrics(data: dict, adv: AdvantageResult) -> dict[str, float]:
+    """Per-step statistics of the sampled batch and its advantages."""
+    answer_len = data["loss_mask"].sum(1).float()
+    rewards = data["rewards"].float()
+    m = adv.loss_mask.bool()
+    out = {
+        "reward/task": float(rewards.mean()),
+        "reward/correct_frac": float((rewards > 0).float().mean()),
+        "rollout/answer_len": float(answer_len.mean()),
+        "rollout/seq_len": float(data["attention_mask"].sum(1).float().mean()),
+        "rollout/truncated_frac": float(data["is_truncated"].float().mean()),
+        "rollout/rows": float(rewards.numel()),
+        "advantage/mean": float(adv.advantages[m].mean()) if m.any() else 0.0,
+        "advantage/abs_mean": float(adv.advantages[m].abs().mean()) if m.any() else 0.0,
+        "advantage/kl_reward": float(adv.kl_rewards[m].mean()) if m.any() else 0.0,
+    }
+    if "num_turns" in data:
+        out["rollout/num_turns"] = float(data["num_turns"].float().mean())
+    correct = rewards > 0
+    if correct.any():
+        out["rollout/correct_answer_len"] = float(answer_len[correct].mean())
+    if (~correct).any():
+        out["rollout/incorrect_answer_len"] = float(answer_len[~correct].mean())
+    return out

@@ -1,0 +1,91 @@
+"""One optimizer update over a batch: minibatches (one optimizer step each), micro-batches
+(forward/backward each), the global loss normaliser, gradient clipping, and skipping steps whose
+loss or gradient norm is not finite.
+
+Each optimizer step's loss is ``sum over its micro-batches of (sum of per-unit terms) /
+normaliser``, where the normaliser (valid tokens, or sequences) is summed over all micro-batches
+of the step *before* any backward. The gradient is therefore independent of the micro-batch split.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+from ..config.parts import MicroBatchSpec
+from ..loss.stats import reduce_stats
+from ..rollout.batch import select_rows
+
+
+def balanced_partition(sizes: list[int], n: int) -> list[list[int]]:
+    """Split indices into ``n`` non-empty parts with balanced total size (first-fit decreasing)."""
+    n = max(1, min(n, len(sizes)))
+    order = sorted(range(len(sizes)), key=lambda i: -sizes[i])
+    parts: list[list[int]] = [[] for _ in range(n)]
+    loads = [0] * n
+    for i in order:
+        k = min(range(n), key=lambda j: (loads[j], len(parts[j])))
+        parts[k].append(i)
+        loads[k] += sizes[i]
+    return [sorted(p) for p in parts if p]
+
+
+def micro_batches(rows: list[int], lengths: list[int], spec: MicroBatchSpec) -> list[list[int]]:
+    """Split ``rows`` into at least ``spec.n_mbs`` parts, each within ``spec.max_tokens_per_mb`` if set."""
+    sizes = [lengths[r] for r in rows]
+    n = spec.n_mbs
+    if spec.max_tokens_per_mb:
+        n = max(n, math.ceil(sum(sizes) / spec.max_tokens_per_mb))
+        while True:
+            parts = balanced_partition(sizes, n)
+            if all(sum(sizes[i] for i in p) <= spec.max_tokens_per_mb for p in parts) or n >= len(rows):
+                break
+            n += 1
+    else:
+        parts = balanced_partition(sizes, n)
+    return [[rows[i] for i in p] for p in parts]
+
+
+def optimizer_steps(batch: dict[str, torch.Tensor], *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                    n_minibatches: int, mb_spec: MicroBatchSpec, grad_clip: float,
+                    normalizer_of: Callable[[dict], torch.Tensor],
+                    loss_of: Callable[[dict, torch.Tensor], tuple[torch.Tensor, dict]],
+                    all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> tuple[dict[str, float], int]:
+    """Run ``n_minibatches`` optimizer steps over ``batch``; returns (metrics, number of skipped steps).
+
+    ``normalizer_of(micro)`` gives a micro-batch's share of the loss normaliser; ``loss_of(micro,
+    normalizer)`` its loss (already divided by the step's global normaliser) and metrics.
+    """
+    lengths = batch["attention_mask"].sum(1).tolist()
+    micro_stats: list[dict] = []
+    norms, losses = [], []
+    skipped = 0
+    params = [p for p in model.parameters() if p.requires_grad]
+    for rows in balanced_partition(lengths, n_minibatches):
+        micros = [torch.tensor(m) for m in micro_batches(rows, lengths, mb_spec)]
+        subs = [select_rows(batch, m) for m in micros]
+        normalizer = sum(normalizer_of(s) for s in subs)
+        if all_reduce is not None:
+            normalizer = all_reduce(normalizer.clone())
+        optimizer.zero_grad(set_to_none=True)
+        total = torch.zeros((), device=batch["input_ids"].device)
+        for sub in subs:
+            loss, stats = loss_of(sub, normalizer)
+            loss.backward()
+            total = total + loss.detach()
+            micro_stats.append(stats)
+        norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
+        if not (torch.isfinite(total) and torch.isfinite(norm)):
+            optimizer.zero_grad(set_to_none=True)  # weights untouched
+            skipped += 1
+        else:
+            optimizer.step()
+        norms.append(norm.detach().float())
+        losses.append(total)
+    metrics = {k: float(v) for k, v in reduce_stats(micro_stats).items()}
+    metrics["update/grad_norm"] = float(torch.stack(norms).mean())
+    metrics["update/loss"] = float(torch.stack(losses).mean())
+    metrics["update/skipped_steps"] = float(skipped)
+    return metrics, skipped

@@ -1,0 +1,133 @@
+"""Every shipped config composes and validates; every override style works."""
+
+import glob
+import os
+
+import pytest
+
+from areal_trainer.config import ConfigError, PPOActorConfig, TrainerConfig, load_config
+
+CONF = os.path.join(os.path.dirname(__file__), "..", "..", "conf")
+TOP_LEVEL = sorted(os.path.basename(p)[:-5] for p in glob.glob(os.path.join(CONF, "*.yaml")))
+ALGOS = sorted(os.path.basename(p)[:-5] for p in glob.glob(os.path.join(CONF, "algo", "*.yaml")))
+
+
+def test_ten_algorithms_shipped():
+    assert set(ALGOS) == {"ppo", "grpo", "drgrpo", "liteppo", "rloo", "dapo", "sapo", "gspo", "icepop", "kpop"}
+    assert set(TOP_LEVEL) == set(ALGOS) | {"config"}
+
+
+@pytest.mark.parametrize("name", TOP_LEVEL)
+def test_every_top_level_config_validates(name):
+    cfg = load_config(name)
+    assert isinstance(cfg, TrainerConfig)
+    assert isinstance(cfg.actor, PPOActorConfig)
+    assert cfg.algorithm == ("grpo" if name == "config" else name)
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_algo_group_override(algo):
+    assert load_config("config", [f"algo={algo}"]).algorithm == algo
+
+
+def test_grpo_preset_values():
+    a = load_config("grpo").actor
+    assert (a.reward_norm.mean_level, a.reward_norm.std_level, a.reward_norm.group_size) == ("group", "group", 8)
+    assert (a.adv_norm.mean_level, a.adv_norm.std_level) == ("batch", "batch")
+    assert a.use_decoupled_loss and a.recompute_logprob and a.kl_ctl == 0.0 and a.eps_clip == 0.4
+    assert a.rejection_sampling.metric == "ratio" and a.rejection_sampling.upper == 5.0
+
+
+@pytest.mark.parametrize("prefix", ["", "+", "++"])
+@pytest.mark.parametrize("key,value,expect", [
+    ("actor.use_sapo_loss", "true", True),            # not set by the grpo YAML
+    ("actor.eps_clip", "0.3", 0.3),                   # set by the grpo YAML
+    ("actor.importance_sampling_level", "sequence", "sequence"),
+    ("seed", "7", 7),
+    ("actor.adv_norm.std_level", "null", None),
+    ("actor.optimizer.lr", "2e-5", 2e-5),
+])
+def test_override_styles(prefix, key, value, expect):
+    extra = ["actor.use_decoupled_loss=false"] if key == "actor.use_sapo_loss" else []
+    cfg = load_config("grpo", [f"{prefix}{key}={value}", *extra])
+    obj = cfg
+    for part in key.split("."):
+        obj = getattr(obj, part)
+    assert obj == expect
+
+
+def test_seed_switch_commands_verbatim():
+    sapo = load_config("grpo", ["scheduler.type=local", "+actor.use_sapo_loss=true", "+actor.sapo_tau_pos=1.0",
+                                "+actor.sapo_tau_neg=1.05", "actor.use_decoupled_loss=false"])
+    assert sapo.actor.use_sapo_loss and sapo.actor.sapo_tau_neg == 1.05 and not sapo.actor.use_decoupled_loss
+    dr = load_config("grpo", ["scheduler.type=local", "actor.adv_norm.mean_level=group", "actor.adv_norm.std_level=null"])
+    assert dr.actor.adv_norm.mean_level == "group" and dr.actor.adv_norm.std_level is None
+    gspo = load_config("grpo", ["scheduler.type=local", "+actor.importance_sampling_level=sequence"])
+    assert gspo.actor.importance_sampling_level == "sequence"
+
+
+def test_nested_override_into_null_section():
+    cfg = load_config("ppo", ["actor.reward_norm.mean_level=group", "actor.reward_norm.std_level=null"])
+    assert cfg.actor.reward_norm.mean_level == "group" and cfg.actor.reward_norm.std_level is None
+
+
+def _problems(overrides, name="grpo"):
+    with pytest.raises(ConfigError) as info:
+        load_config(name, overrides)
+    return info.value.problems
+
+
+def test_unknown_key_suggests_closest():
+    (msg,) = _problems(["actor.eps_clp=0.3"])
+    assert "actor.eps_clp" in msg and "Did you mean 'actor.eps_clip'" in msg
+
+
+def test_unknown_key_with_plus_is_still_rejected():
+    (msg,) = _problems(["+actor.not_a_key=1"])
+    assert "actor.not_a_key: not a configuration key" in msg
+
+
+def test_wrong_type_and_all_problems_together():
+    problems = _problems(["actor.eps_clip=abc", "gconfig.n_samples=1.5", "actor.adv_norm.mean_lvl=batch"])
+    assert len(problems) == 3
+    assert "actor.eps_clip: got 'abc', which is not a valid float" in problems[0]
+
+
+def test_bad_enum_values_reported_together():
+    problems = _problems(["actor.importance_sampling_level=seq", "actor.kl_estimator=k4",
+                          "actor.adv_norm.mean_level=batchh", "scheduler.type=ray"])
+    text = "\n".join(problems)
+    assert "actor.importance_sampling_level: got 'seq'" in text
+    assert "actor.kl_estimator: got 'k4'" in text
+    assert "Did you mean 'batch'" in text
+    assert "scheduler.type: got 'ray'; only 'local' is supported" in text
+
+
+def test_cross_field_rules():
+    text = "\n".join(_problems(["actor.kl_ctl=0.1", "actor.c_clip=0.5", "+actor.use_sapo_loss=true",
+                                "actor.rejection_sampling.metric=binary_kl", "actor.rejection_sampling.lower=0.1",
+                                "actor.overlong_reward_penalty=true"]))
+    assert "needs a reference model" in text
+    assert "actor.c_clip: got 0.5" in text
+    assert "SAPO is not compatible with use_decoupled_loss=true" in text
+    assert "binary_kl' (KPop) masks only above `upper`" in text
+    assert "overlong_reward_penalty=true needs actor.overlong_tokens" in text
+
+
+def test_clamp_needs_ratio_and_ratio_upper():
+    text = "\n".join(_problems(["actor.rejection_sampling.action=clamp", "actor.rejection_sampling.metric=kl_k2",
+                                "actor.rejection_sampling.upper=0"]))
+    assert "action='clamp' only supports metric='ratio'" in text and "upper must be > 0" in text
+    (msg,) = _problems(["actor.rejection_sampling.upper=1.0"])
+    assert "upper must be > 1.0 for metric 'ratio'" in msg
+
+
+def test_plugin_errors_name_the_key():
+    text = "\n".join(_problems(["reward.fn=no_such_pkg.rewards.fn", "rollout.dynamic_filter=areal_trainer.rollout.filters.nope"]))
+    assert "reward.fn: module 'no_such_pkg.rewards' not found" in text
+    assert "rollout.dynamic_filter: module 'areal_trainer.rollout.filters' has no attribute 'nope'" in text
+
+
+def test_rejection_sampling_without_decoupled_only_warns():
+    with pytest.warns(UserWarning, match="filtering is ignored"):
+        load_config("grpo", ["actor.use_decoupled_loss=false"])

@@ -1,0 +1,75 @@
+"""The real command line: printing configs, errors, a short training run, sweeps, bad input."""
+
+import json
+import os
+import time
+
+from .helpers import cli
+
+
+def test_cfg_job_shows_seed_switch_values(tmp_path):
+    out = cli(["--config-name", "grpo", "scheduler.type=local", "+actor.use_sapo_loss=true", "+actor.sapo_tau_pos=1.0",
+               "+actor.sapo_tau_neg=1.05", "actor.use_decoupled_loss=false", "--cfg", "job"], cwd=tmp_path).stdout
+    assert "use_sapo_loss: true" in out and "sapo_tau_neg: 1.05" in out and "use_decoupled_loss: false" in out
+    out = cli(["--config-name", "grpo", "actor.adv_norm.mean_level=group", "actor.adv_norm.std_level=null",
+               "--cfg", "job"], cwd=tmp_path).stdout
+    adv = out.split("  adv_norm:\n", 1)[1]
+    assert adv.startswith("    mean_level: group\n    mean_leave1out: false\n    std_level: null")
+
+
+def test_typo_fails_fast_with_suggestion(tmp_path):
+    t0 = time.time()
+    proc = cli(["--config-name", "grpo", "actor.eps_clp=0.3"], cwd=tmp_path, check=False)
+    assert time.time() - t0 < 5
+    assert proc.returncode != 0
+    assert "Did you mean 'actor.eps_clip'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_one_step_training_run(tmp_path):
+    proc = cli(["--config-name", "grpo", "+scale=tiny", "total_train_steps=1", "trial_name=smoke"], cwd=tmp_path)
+    run = tmp_path / "outputs" / "grpo" / "smoke"
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if r["step"] == 1]
+    assert steps and "reward/task" in steps[0] and "actor/clip_frac" in steps[0] and "update/grad_norm" in steps[0]
+    assert any("eval/accuracy" in r for r in records if r["step"] == 0)
+    assert (run / "curves.png").stat().st_size > 1000
+    assert (run / ".hydra" / "config.yaml").exists()
+    assert (run / "checkpoints" / "step_1" / "COMPLETE").exists()
+    assert (run / "checkpoints" / "step_1" / "actor" / "config.json").exists()
+    assert "held-out accuracy" in proc.stdout
+
+
+def test_multirun_sweep_two_run_dirs(tmp_path):
+    cli(["-m", "algo=grpo,rloo", "+scale=tiny", "total_train_steps=1", "hydra.sweep.dir=sweep"], cwd=tmp_path)
+    runs = sorted(os.listdir(tmp_path / "sweep"))
+    runs = [r for r in runs if (tmp_path / "sweep" / r).is_dir()]
+    assert runs == ["0-grpo-seed1", "1-rloo-seed1"]
+    for r in runs:
+        assert (tmp_path / "sweep" / r / "metrics.jsonl").stat().st_size > 0
+
+
+def test_bad_reward_path_and_model_path(tmp_path):
+    proc = cli(["--config-name", "grpo", "reward.fn=mypkg.rewards.score"], cwd=tmp_path, check=False)
+    assert proc.returncode != 0 and "reward.fn: module 'mypkg.rewards' not found" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    proc = cli(["--config-name", "grpo", "+scale=tiny", "actor.path=./no/such/model"], cwd=tmp_path, check=False)
+    assert proc.returncode != 0 and "actor.path: './no/such/model' does not exist" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_dataset_row_without_answer(tmp_path):
+    data = tmp_path / "data.jsonl"
+    data.write_text(json.dumps({"question": "1+1?", "answer": "#### 2"}) + "\n" + json.dumps({"question": "2+2?"}) + "\n")
+    proc = cli(["--config-name", "grpo", "+scale=tiny", f"train_dataset.path={data}"], cwd=tmp_path, check=False)
+    assert proc.returncode != 0 and "row 1" in proc.stderr and "'answer'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_existing_checkpoint_is_not_overwritten(tmp_path):
+    cli(["--config-name", "grpo", "+scale=tiny", "total_train_steps=1", "trial_name=t"], cwd=tmp_path)
+    marker = tmp_path / "outputs" / "grpo" / "t" / "checkpoints" / "step_1" / "COMPLETE"
+    before = marker.stat().st_mtime_ns
+    proc = cli(["--config-name", "grpo", "+scale=tiny", "total_train_steps=1", "trial_name=t"], cwd=tmp_path, check=False)
+    assert proc.returncode != 0 and "recover.mode=auto" in proc.stderr
+    assert marker.stat().st_mtime_ns == before

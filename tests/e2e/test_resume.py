@@ -1,0 +1,43 @@
+"""A run killed with SIGKILL after a checkpoint resumes from it and then matches an uninterrupted run."""
+
+import json
+import os
+import signal
+import time
+
+from .helpers import cli, popen
+
+ARGS = ["--config-name", "grpo", "+scale=tiny", "total_train_steps=6", "saver.freq_steps=2", "evaluator.freq_steps=3"]
+
+
+def _records(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return {r["step"]: r for r in map(json.loads, f) if "reward/task" in r}
+
+
+def _comparable(record):
+    return {k: v for k, v in record.items() if not k.startswith(("time/", "perf/"))}
+
+
+def test_sigkill_then_resume_matches_uninterrupted(tmp_path):
+    cli([*ARGS, "trial_name=full"], cwd=tmp_path)
+    full = _records(tmp_path / "outputs" / "grpo" / "full")
+
+    run = tmp_path / "outputs" / "grpo" / "killed"
+    proc = popen([*ARGS, "trial_name=killed"], cwd=tmp_path)
+    deadline = time.time() + 240
+    while not (run / "checkpoints" / "step_2" / "COMPLETE").exists():
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.time() < deadline
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done = sorted(int(d.split("_")[1]) for d in os.listdir(run / "checkpoints") if d.startswith("step_"))
+    assert done and done[-1] < 6, "the run finished before it could be killed"
+
+    out = cli([*ARGS, "trial_name=killed", "recover.mode=auto"], cwd=tmp_path)
+    resumed = _records(run)
+    assert sorted(resumed) == list(range(1, 7))
+    for step in range(done[-1] + 1, 7):
+        assert _comparable(resumed[step]) == _comparable(full[step]), step
+    assert "held-out accuracy" in out.stdout
