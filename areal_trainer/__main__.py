@@ -24,10 +24,13 @@ def _task(cfg) -> float | None:
         tcfg = to_trainer_config(cfg)
     except ConfigError as e:
         _fail(str(e))
+    from transformers.utils import logging as hf_logging
+
     from .errors import UserError
     from .plugins import PluginError
     from .train.run import run
 
+    hf_logging.disable_progress_bar()  # per-file bars while saving checkpoints would drown the step bar
     try:
         summary = run(tcfg, run_dir=HydraConfig.get().runtime.output_dir)
     except (UserError, PluginError, ConfigError) as e:

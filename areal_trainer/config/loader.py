@@ -57,7 +57,7 @@ def to_trainer_config(cfg: DictConfig) -> TrainerConfig:
     except OmegaConfBaseException as e:
         raise ConfigError([str(e).strip()]) from None
     problems, warns = collect(obj)
-    problems += plugin_problems(obj)
+    problems = list(dict.fromkeys(problems + plugin_problems(obj)))  # stage rules are also re-checked by resolve_advantage
     if problems:
         raise ConfigError(problems)
     for w in warns:

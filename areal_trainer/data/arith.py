@@ -1,9 +1,15 @@
 """The built-in task: arithmetic word problems in GSM8K's format, generated offline.
 
 Each row has ``question`` and ``answer`` (a one-line working, then ``#### <number>``), exactly the
-fields of ``openai/gsm8k``. Problems are a deterministic function of ``(split, index)``: the test
-split uses question texts that never occur in the train split (a row's split is decided by a hash of
-its text), so held-out accuracy measures generalisation to new phrasings of known arithmetic.
+fields of ``openai/gsm8k``, and the reward checks the number after ``####``. Problems are a
+deterministic function of ``(split, seed)``; a row's split is decided by a hash of its text, so the
+test split's questions never occur in the train split.
+
+Rows also carry a ``demonstration``: the answer of an imperfect teacher, used by the supervised
+warm start. The teacher solves addition problems correctly but, on subtraction problems, adds the
+two numbers instead in ``TEACHER_SUBTRACTION_ERROR`` of the cases (a common misreading of word
+problems). A model that imitates it writes sums for most subtraction problems; reinforcement
+learning with the exact-answer reward has to discover that these problems need a subtraction.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ NAMES = ("Tom", "Anna", "Ben", "Lucy", "Sam", "Mia", "Leo", "Emma", "Jack", "Zoe
 ITEMS = ("apples", "books", "coins", "pens", "cards", "stickers", "marbles", "cookies", "shells", "stamps")
 MAX_OPERAND = 20
 MAX_NUMBER = 2 * MAX_OPERAND
+TEACHER_SUBTRACTION_ERROR = 0.6
 
 # (template, operation); {n}=name, {m}=second name, {i}=item, {a},{b}=operands.
 TEMPLATES = (
@@ -38,7 +45,11 @@ def make_problem(rng: random.Random) -> dict:
     item = rng.choice(ITEMS)
     result = a + b if op == "+" else a - b
     question = template.format(n=n, m=m, i=item, a=a, b=b)
-    return {"question": question, "answer": f"{a} {op} {b} = {result}\n#### {result}"}
+    answer = f"{a} {op} {b} = {result}\n#### {result}"
+    demonstration = answer
+    if op == "-" and rng.random() < TEACHER_SUBTRACTION_ERROR:
+        demonstration = f"{a} + {b} = {a + b}\n#### {a + b}"
+    return {"question": question, "answer": answer, "demonstration": demonstration}
 
 
 def _split_of(question: str) -> str:

@@ -38,6 +38,11 @@ def load_rows(cfg: DatasetConfig, key: str) -> list[dict]:
     return [{"question": str(r[cfg.question_key]), "answer": str(r[cfg.answer_key])} for r in rows]
 
 
+def demonstration(sample: dict) -> str:
+    """The target text of the supervised warm start: the row's demonstration if any, else its answer."""
+    return sample.get("demonstration", sample["answer"])
+
+
 def _load_hf(cfg: DatasetConfig, key: str) -> list[dict]:
     import datasets
 

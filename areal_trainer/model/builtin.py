@@ -1,15 +1,15 @@
 """Built-in models that need no download: a word-level tokenizer made in code and small Llama
 models with random weights (``builtin:tiny`` ~1M parameters, ``builtin:small`` ~10M).
 
-The tokenizer covers the built-in arithmetic task (``data/arith.py``): every word and every
-number is one token, pieces after a space carry a leading ``▁`` (decoded back to a space), and
-the chat template is ChatML-like. Both save and load like any Hugging Face checkpoint.
+The tokenizer covers the built-in arithmetic task (``data/arith.py``): every word, number,
+punctuation mark and ``####`` is one token, pieces after a space carry a leading ``▁`` (decoded
+back to a space), and the chat template is ChatML-like. Both save and load like any Hugging Face checkpoint.
 """
 
 from __future__ import annotations
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from ..data import arith
@@ -40,10 +40,11 @@ def builtin_size(path: str) -> str:
 def build_tokenizer() -> PreTrainedTokenizerFast:
     """The word-level tokenizer of the built-in task (deterministic)."""
     tk = Tokenizer(models.WordLevel(unk_token="<unk>"))
+    # Spaces become a leading "▁" on the next piece; then words, numbers, "####" and single
+    # punctuation marks (each with its "▁", if any) and newlines are separate tokens.
     tk.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split("\n", behavior="isolated"),
         pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="never", split=True),
-        pre_tokenizers.Punctuation(behavior="isolated"),
+        pre_tokenizers.Split(Regex(r"\n|▁?####|▁?[A-Za-z]+|▁?\d+|▁?[^A-Za-z\d\s▁]|▁"), behavior="isolated"),
     ])
     tk.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="never")
     trainer = trainers.WordLevelTrainer(special_tokens=SPECIALS, min_frequency=1, show_progress=False)

@@ -33,7 +33,8 @@ from .optim import build_optimizer, build_scheduler
 from .sft import sft_warmup
 from .step import batched_logprobs, compute_advantage, policy_update, rollout_metrics, training_batch
 
-DEFAULT_SFT_STEPS = 450
+DEFAULT_SFT_STEPS = 300
+"""Warm-start steps for built-in (randomly initialised) models when ``sft_warmup.steps`` is null."""
 
 
 def seed_everything(seed: int) -> None:

@@ -1,5 +1,6 @@
-"""Supervised warm start: a few hundred steps of teacher forcing on the training set's reference
-answers, so that a randomly initialised built-in model learns the answer format before RL.
+"""Supervised warm start: a few hundred steps of teacher forcing on the training set's
+demonstrations (the reference answers, unless the dataset provides separate demonstrations), so
+that a randomly initialised built-in model learns the answer format before RL.
 
 The loss is the mean negative log-likelihood of the answer tokens (the prompt is not trained on).
 """
@@ -10,6 +11,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..config.schema import SFTWarmupConfig
+from ..data.datasets import demonstration
 from ..rollout.batch import make_row, stack_rows
 from ..rollout.workflow import prompt_ids
 from .logprobs import forward_logprobs
@@ -20,7 +22,7 @@ def sft_batch(samples: list[dict], tokenizer) -> dict[str, torch.Tensor]:
     """Prompt + reference answer + EOS rows; ``loss_mask`` marks the answer tokens."""
     rows = []
     for s in samples:
-        answer = tokenizer(s["answer"], add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+        answer = tokenizer(demonstration(s), add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
         rows.append(make_row([(prompt_ids(tokenizer, s["messages"]), False, None, -1),
                               (answer, True, [0.0] * len(answer), 0)], version=0))
     return stack_rows(rows)

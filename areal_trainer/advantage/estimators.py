@@ -1,0 +1,41 @@
+"""Built-in estimator stages: ``token_gae`` and ``turn_gae`` (``fn(TemporalInputs) -> TemporalResult``).
+
+Where the KL reward goes is the difference that matters beyond the time step:
+
+* ``token_gae`` adds it to the reward stream, so it is discounted through the recursion and also
+  reaches the critic returns;
+* ``turn_gae`` keeps it out of the turn recursion and out of the returns, and adds each token's own
+  KL reward to that token's actor advantage (summing a turn's KL and broadcasting it back would
+  charge every token for its neighbours).
+"""
+
+from __future__ import annotations
+
+from .datatypes import TemporalInputs, TemporalResult
+from .gae import compute_gae_lambda, token_level_gae, turn_level_gae
+from .turns import MISSING_TURN_IDS
+
+
+def token_gae(inputs: TemporalInputs) -> TemporalResult:
+    """GAE over active tokens; reward = outcome + KL + folded process rewards."""
+    lam = compute_gae_lambda(inputs.loss_mask, inputs.turn_ids, time_unit="token", gae_lambda=inputs.gae_lambda,
+                             kwargs=inputs.gae_lambda_kwargs)
+    rewards = (inputs.outcome_rewards + inputs.kl_rewards).add_(inputs.process_rewards)
+    bootstrap = inputs.bootstrap_values * inputs.is_truncated
+    adv, returns = token_level_gae(rewards, inputs.values, inputs.loss_mask, bootstrap,
+                                   discount=inputs.discount, gae_lambda=lam)
+    return TemporalResult(advantages=adv, returns=returns, total_rewards=rewards)
+
+
+def turn_gae(inputs: TemporalInputs) -> TemporalResult:
+    """GAE over non-empty turns on the task reward (outcome + folded process rewards); KL added after."""
+    if inputs.turn_ids is None:
+        raise ValueError(MISSING_TURN_IDS)
+    lam = compute_gae_lambda(inputs.loss_mask, inputs.turn_ids, time_unit="turn", gae_lambda=inputs.gae_lambda,
+                             kwargs=inputs.gae_lambda_kwargs)
+    task = inputs.outcome_rewards + inputs.process_rewards
+    bootstrap = inputs.bootstrap_values * inputs.is_truncated
+    adv, returns = turn_level_gae(task, inputs.values, inputs.loss_mask, inputs.turn_ids, bootstrap,
+                                  discount=inputs.discount, gae_lambda=lam)
+    return TemporalResult(advantages=adv.add_(inputs.kl_rewards), returns=returns,
+                          total_rewards=task.add_(inputs.kl_rewards))

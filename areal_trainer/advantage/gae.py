@@ -1,0 +1,180 @@
+"""Generalised advantage estimation over tokens or turns, and the per-row GAE lambda.
+
+All inputs are next-token aligned (see :mod:`areal_trainer.advantage.datatypes`). Masked positions
+consume no discount: the recurrence runs over the active steps of each row only,
+
+    delta_u = r_u + gamma * V_{u+1} - V_u,    A_u = delta_u + gamma * lambda_b * A_{u+1},
+
+where ``V_{u+1}`` is the value of the next active step, or the row's bootstrap value after its last
+one (0 unless the row was truncated). A step is one active token (token mode) or one non-empty
+turn (turn mode: its rewards summed, its value taken at its first active token). Advantages are 0
+at masked positions and returns there are the values themselves.
+
+The kernels compact each row's steps to the front (a scatter), run the recurrence with
+:func:`areal_trainer.advantage.scan.reverse_discounted_cumsum`, and gather the result back. One
+host synchronisation per call (the number of steps of the longest row) trims the work.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..plugins import resolve
+from .scan import reverse_discounted_cumsum
+from .turns import MISSING_TURN_IDS, as_float_mask, validated_turn_starts
+
+TIME_UNITS = ("token", "turn")
+
+
+@dataclass(frozen=True)
+class GAELambdaContext:
+    """What a lambda function sees: three ``[B]`` float32 tensors (also readable as ``ctx["name"]``).
+
+    Attributes:
+        effective_token_lengths: active (trained) tokens per row, an active EOS included.
+        turn_counts: non-empty turns per row (0 in token mode without ``turn_ids``).
+        timestep_lengths: the GAE steps per row in the estimator's unit (tokens or turns).
+    """
+
+    effective_token_lengths: torch.Tensor
+    turn_counts: torch.Tensor
+    timestep_lengths: torch.Tensor
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        return getattr(self, key)
+
+
+GAELambdaInputs = GAELambdaContext
+
+
+def gae_lambda_context(loss_mask: torch.Tensor, turn_ids: torch.Tensor | None, *, time_unit: str) -> GAELambdaContext:
+    """Lengths of every row in tokens and turns, and in ``time_unit`` (``token`` or ``turn``)."""
+    if time_unit not in TIME_UNITS:
+        raise ValueError(f"time_unit must be 'token' or 'turn'; got {time_unit!r}.")
+    m = as_float_mask(loss_mask)
+    tokens = m.sum(-1)
+    if turn_ids is None:
+        if time_unit == "turn":
+            raise ValueError(MISSING_TURN_IDS)
+        turns = torch.zeros_like(tokens)
+    else:
+        turns = validated_turn_starts(turn_ids, m).sum(-1)
+    return GAELambdaContext(tokens, turns, tokens if time_unit == "token" else turns)
+
+
+def compute_gae_lambda(
+    loss_mask: torch.Tensor,
+    turn_ids: torch.Tensor | None,
+    *,
+    time_unit: str,
+    gae_lambda: float | str | Callable[..., torch.Tensor],
+    kwargs: Mapping[str, Any] | None = None,
+) -> float | torch.Tensor:
+    """Resolve ``gae_lambda`` for a batch: a static float, or a function of a ``GAELambdaContext``.
+
+    Args:
+        loss_mask: ``[B, S]`` aligned mask.
+        turn_ids: ``[B, S]`` aligned turn ids, or None.
+        time_unit: the unit of the estimator that will use the lambda (``token`` or ``turn``).
+        gae_lambda: a number, an import path, or a callable ``fn(ctx, **kwargs) -> [B]``.
+        kwargs: keyword arguments of the callable.
+
+    Returns:
+        A float, or a ``[B]`` float32 tensor (one lambda per row, detached).
+    """
+    if isinstance(gae_lambda, bool):
+        raise TypeError(f"gae_lambda must be a number or a function, not a bool ({gae_lambda}).")
+    if isinstance(gae_lambda, (int, float)):
+        if not math.isfinite(gae_lambda):
+            raise ValueError(f"Static gae_lambda must be finite; got {gae_lambda}.")
+        return float(gae_lambda)
+    fn = resolve(gae_lambda, "actor.gae_lambda", kwargs) if isinstance(gae_lambda, str) else gae_lambda
+    if not callable(fn):
+        raise TypeError(f"gae_lambda must be a number, an import path or a callable; got {type(fn).__name__}.")
+    ctx = gae_lambda_context(loss_mask, turn_ids, time_unit=time_unit)
+    out = fn(ctx, **dict(kwargs or {}))
+    name = getattr(fn, "__qualname__", repr(fn))
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"actor.gae_lambda ({name}) must return a torch.Tensor; got {type(out).__name__}.")
+    n_rows = loss_mask.shape[0]
+    if tuple(out.shape) != (n_rows,):
+        raise ValueError(f"actor.gae_lambda ({name}) must return one value per local trajectory, shape "
+                         f"({n_rows},); got {tuple(out.shape)}.")
+    if out.device != loss_mask.device:
+        raise ValueError(f"actor.gae_lambda ({name}) returned a tensor on {out.device}; expected {loss_mask.device}.")
+    if not out.is_floating_point():
+        raise TypeError(f"actor.gae_lambda ({name}) must return a floating tensor; got {out.dtype}.")
+    if not bool(torch.isfinite(out).all()):
+        raise RuntimeError(f"actor.gae_lambda ({name}) returned non-finite lambdas.")
+    return out.detach().float()
+
+
+def token_level_gae(
+    rewards: torch.Tensor, values: torch.Tensor, loss_mask: torch.Tensor, bootstrap: torch.Tensor,
+    *, discount: float, gae_lambda: float | torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE with one step per active token.
+
+    Args:
+        rewards, values: ``[B, S]`` finite floats (rewards at masked positions are ignored).
+        loss_mask: ``[B, S]`` aligned mask (bool or 0/1).
+        bootstrap: ``[B]`` value after each row's last active step (0 for rows that ended).
+        discount: gamma.
+        gae_lambda: a float or a ``[B]`` tensor.
+
+    Returns:
+        ``(advantages, returns)``, ``[B, S]`` float32.
+    """
+    m = as_float_mask(loss_mask)
+    return _stepwise_gae(rewards, values, m, m, bootstrap, discount, gae_lambda)
+
+
+def turn_level_gae(
+    rewards: torch.Tensor, values: torch.Tensor, loss_mask: torch.Tensor, turn_ids: torch.Tensor,
+    bootstrap: torch.Tensor, *, discount: float, gae_lambda: float | torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE with one step per non-empty turn; the turn's advantage and return go to all its tokens.
+
+    Same arguments as :func:`token_level_gae`, plus ``turn_ids``: ``[B, S]`` aligned, validated
+    here (see :mod:`areal_trainer.advantage.turns`).
+    """
+    m = as_float_mask(loss_mask)
+    return _stepwise_gae(rewards, values, m, validated_turn_starts(turn_ids, m), bootstrap, discount, gae_lambda)
+
+
+def _stepwise_gae(rewards, values, mask, starts, bootstrap, discount, gae_lambda):
+    """GAE over the steps that ``starts`` opens (float 0/1 masks); see the module docstring."""
+    n_rows, seq_len = mask.shape
+    r, v = rewards.float(), values.float()
+    step = starts.cumsum(-1)  # 1-based step of every position (exact in float32 below 2**24)
+    n_steps = step[:, -1:].clone()
+    width = max(int(n_steps.max()), 1) if n_rows else 1  # the one host sync: trims the step arrays
+    # Column of each position in the compact step arrays; column 0 is a spill for inactive positions.
+    token_steps = starts is mask
+    # A turn takes the value of its first token: index only the starts (the rest spills to column 0).
+    at_v = None if token_steps else (step * starts).long()
+    at = step.mul_(mask).long()
+    r_steps = r.new_zeros(n_rows, seq_len + 1)
+    v_steps = v.new_zeros(n_rows, seq_len + 1).scatter_(1, at if token_steps else at_v, v)
+    # A token step owns one position, so plain scatter suffices; a turn sums its rewards.
+    r_steps = r_steps.scatter_(1, at, r) if token_steps else r_steps.scatter_add_(1, at, r)
+    r_steps, v_steps = r_steps[:, 1 : width + 1], v_steps[:, 1 : width + 1]
+    # Value of the next step; after a row's last step, its bootstrap. Past the last step everything
+    # is 0, so delta is 0 there (a row without steps gets a stray delta nobody reads).
+    v_next = torch.cat([v_steps[:, 1:], v_steps.new_zeros(n_rows, 1)], dim=-1)
+    v_next.scatter_(1, (n_steps - 1).clamp(min=0).long(), bootstrap.float()[:, None])
+    delta = v_next.mul_(discount).add_(r_steps).sub_(v_steps)  # r + gamma * V_next - V, in place
+    adv_steps = reverse_discounted_cumsum(delta, discount * gae_lambda)
+    # Gathering with a leading zero column leaves inactive positions at 0 without a mask multiply.
+    adv = F.pad(adv_steps, (1, 0)).gather(1, at)
+    if token_steps:  # the step's value is the position's own value
+        return adv, adv + v
+    returns = F.pad(adv_steps + v_steps, (1, 0)).gather(1, at)
+    returns.addcmul_(v, 1 - mask)  # + V where inactive (exact: those entries are 0)
+    return adv, returns

@@ -1,0 +1,189 @@
+"""The default advantage computation, a straight line through its stages:
+
+1. overlong length penalty (rollout rewards stay untouched; a penalised copy moves on);
+2. outcome shaping (stage ``outcome_reward_shaping``);
+3. bias/scale/clip and ``reward_norm`` (group boundaries and logical rollouts from the metadata);
+4. temporal estimation (stage ``estimator``) on the next-token-aligned view;
+5. ``adv_norm``;
+6. process advantage shaping (stage ``process_adv_shaping``), which never touches the returns.
+
+Stages arrive resolved (see :mod:`areal_trainer.advantage.stages`); what user stages return is
+validated here, naming the stage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+import torch
+
+from . import validation as check
+from .align import aligned_mask, aligned_turn_ids, bootstrap_values, old_logprobs, reward_kl, truncation_flags
+from .datatypes import (
+    AdvantageInputs,
+    AdvantageResult,
+    OutcomeRewardInputs,
+    ProcessAdvantageInputs,
+    TemporalInputs,
+)
+from .estimators import token_gae
+from .normalize import normalize
+from .process import PROCESS_FUNCTIONS, check_process_mode, gvpo_params, split_token_rewards
+from .reward import normalize_rewards, overlong_penalty, place_outcome
+
+REQUIRED_2D = ("input_ids", "attention_mask", "loss_mask", "logprobs")
+OPTIONAL_2D = ("values", "ref_logp", "prox_logp", "turn_ids", "token_rewards", "versions")
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A resolved stage: its function, bound kwargs, and the label errors use."""
+
+    label: str
+    fn: Callable[..., Any]
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    builtin: bool = True
+
+    def __call__(self, inputs: Any, **extra: Any) -> Any:
+        return self.fn(inputs, **{**self.kwargs, **extra})
+
+
+@dataclass(frozen=True)
+class Stages:
+    """The three stages; ``process`` None means ``auto`` (the PRM mode passed at call time)."""
+
+    outcome: Stage
+    estimator: Stage
+    process: Stage | None
+    gae_lambda: float | Callable[..., torch.Tensor]
+
+
+def check_data(data: Mapping[str, Any], meta) -> tuple[int, int, torch.device]:
+    """``(B, S, device)`` after checking the keys and shapes of the rollout batch."""
+    missing = [k for k in (*REQUIRED_2D, "rewards") if k not in data]
+    if missing:
+        raise ValueError(f"the rollout batch lacks {', '.join(map(repr, missing))}.")
+    ids = data["input_ids"]
+    if ids.dim() != 2 or ids.shape[1] < 1:
+        raise ValueError(f"data['input_ids'] must be [B, S] with S >= 1; got {tuple(ids.shape)}.")
+    n_rows, width = ids.shape
+    for k in (*REQUIRED_2D, *OPTIONAL_2D):
+        t = data.get(k)
+        if t is None:
+            continue
+        if k == "token_rewards" and tuple(t.shape) != (n_rows, width):
+            raise ValueError(f"token_rewards must match the padded sequence shape {(n_rows, width)}; "
+                             f"got {tuple(t.shape)}.")
+        if tuple(t.shape) != (n_rows, width) and k != "turn_ids":
+            raise ValueError(f"data[{k!r}] must have shape {(n_rows, width)} like input_ids; got {tuple(t.shape)}.")
+        if t.device != ids.device:
+            raise ValueError(f"data[{k!r}] is on {t.device} but input_ids is on {ids.device}.")
+    if tuple(data["rewards"].shape) != (n_rows,):
+        raise ValueError(f"data['rewards'] must have shape ({n_rows},) (one reward per row); "
+                         f"got {tuple(data['rewards'].shape)}.")
+    if meta is not None and meta.n_rows != n_rows:
+        raise ValueError(f"meta.traj_group_sizes sum to {meta.n_rows} but the batch has {n_rows} rows.")
+    return n_rows, width, ids.device
+
+
+def run_default(inputs: AdvantageInputs, stages: Stages) -> AdvantageResult:
+    """The default computation with the bound ``stages`` (see the module docstring)."""
+    data, cfg, meta = inputs.data, inputs.config, inputs.meta
+    n_rows, width, device = check_data(data, meta)
+    shape = (n_rows, width)
+    penalized, scores = _outcome(inputs, stages, n_rows, device)
+    m = aligned_mask(data["loss_mask"])
+    seqlen = data["attention_mask"].sum(-1)
+    truncated = truncation_flags(data, seqlen, width)
+    old = old_logprobs(data, cfg, m)
+    ref = data.get("ref_logp")
+    ref = None if ref is None else ref.float() * m
+    zeros = torch.zeros(shape, device=device)  # shared by every absent [B, S] input (read-only)
+    kl = reward_kl(old, ref, m, kl_ctl=cfg.kl_ctl, estimator=cfg.kl_estimator)
+    kl = zeros if kl is None else kl
+    rows = scores * (~truncated) if cfg.mask_no_eos_with_zero else scores
+    values = data.get("values")
+    values = zeros if values is None else values.float()
+    raw_ids = data.get("turn_ids")
+    token_rewards = data.get("token_rewards")
+    # The built-in token estimator with a static lambda never reads turn ids: skip aligning them.
+    unused = stages.estimator.fn is token_gae and not callable(stages.gae_lambda) and token_rewards is None
+    ids = None if raw_ids is None or unused else aligned_turn_ids(raw_ids, m)
+    direct, folded = None, zeros
+    if token_rewards is not None:
+        direct, folded = split_token_rewards(
+            token_rewards, loss_mask=data["loss_mask"], mask=m, turn_ids=raw_ids, aligned_ids=ids,
+            truncated=truncated, zero_truncated=cfg.mask_no_eos_with_zero, as_advantage=cfg.token_rewards_as_adv)
+    temporal = TemporalInputs(
+        loss_mask=m, outcome_rewards=place_outcome(rows, m), kl_rewards=kl, process_rewards=folded, values=values,
+        bootstrap_values=bootstrap_values(values, seqlen), is_truncated=truncated, turn_ids=ids,
+        discount=cfg.discount, gae_lambda=stages.gae_lambda, gae_lambda_kwargs=dict(cfg.gae_lambda_kwargs),
+        time_unit=cfg.gae_timestep_unit, config=cfg)
+    est = stages.estimator(temporal)
+    if not stages.estimator.builtin:
+        check.check_temporal(est, label=stages.estimator.label, shape=shape, device=device)
+    adv = est.advantages.float()
+    if cfg.adv_norm is not None:
+        adv = normalize(adv, m, cfg.adv_norm, group_sizes=meta.traj_group_sizes if meta else None,
+                        member_counts=meta.logical_group_sizes if meta else None, all_reduce=inputs.all_reduce)
+    elif not stages.estimator.builtin:
+        adv = adv * m  # built-in estimators and the normalisation already give 0 at masked positions (Q15)
+    adv = _process(inputs, stages, ProcessAdvantageInputs(adv, direct, m, cfg), shape, device)
+    extras = {"is_truncated": truncated, "input_token_loss_mask": data["loss_mask"]}
+    if not cfg.use_decoupled_loss:
+        extras["prox_logp"] = old  # the proximal policy is pi_old itself
+    if ref is not None:
+        extras["ref_logp"] = ref
+    return AdvantageResult(
+        advantages=adv, returns=est.returns.float(), loss_mask=m, logprobs=old, outcome_rewards=scores,
+        total_rewards=est.total_rewards.float(), kl_rewards=kl, extras=extras,
+        metrics={"penalized_rewards": penalized.float()})
+
+
+def _outcome(inputs: AdvantageInputs, stages: Stages, n_rows: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(penalised [B], final per-row scores [B])``: steps 1-3."""
+    data, cfg, meta = inputs.data, inputs.config, inputs.meta
+    raw = data["rewards"]
+    penalized = raw
+    if cfg.overlong_reward_penalty:
+        penalized = overlong_penalty(raw, data["loss_mask"], max_new_tokens=cfg.max_new_tokens,
+                                     overlong_tokens=cfg.overlong_tokens, factor=cfg.overlong_penalty_factor)
+    view = MappingProxyType({**data, "rewards": penalized})
+    stage = stages.outcome
+    before = check.tensor_versions(view)
+    out = stage(OutcomeRewardInputs(data=view, config=cfg, meta=meta))
+    check.check_unmodified(stage.label, view, before)
+    n_logical = sum(meta.logical_group_sizes) if meta is not None else None
+    check.check_outcome(out, label=stage.label, n_rows=n_rows, n_logical=n_logical, device=device,
+                        allow_int=stage.builtin)
+    norm = cfg.reward_norm
+    explicit = meta is not None and any(r is not None for r in meta.logical_rewards)
+    norm_on = norm is not None and (norm.mean_level is not None or norm.std_level is not None)
+    refs = out.normalization_rewards
+    if norm_on and explicit and refs is None and not stage.builtin:
+        raise ValueError(f"{stage.label}: the batch carries explicit logical-rollout rewards and reward_norm is on, "
+                         "so the outcome stage must return OutcomeResult.normalization_rewards (its transform "
+                         "applied to the references in meta.rollout_groups).")
+    scores = normalize_rewards(out.rewards, cfg=cfg, meta=meta, references=refs,
+                               unpenalized=raw if cfg.overlong_reward_penalty else None, all_reduce=inputs.all_reduce)
+    return penalized, scores
+
+
+def _process(inputs: AdvantageInputs, stages: Stages, pin: ProcessAdvantageInputs, shape, device) -> torch.Tensor:
+    """Step 6: the explicit stage, else the PRM mode given at call time, else additive."""
+    stage, cfg = stages.process, inputs.config
+    if stage is None:
+        mode = inputs.prm_mode or "additive"
+        check_process_mode(mode, cfg, source="AdvantageInputs.prm_mode")
+        kwargs = gvpo_params(inputs.prm_params) if mode == "gvpo" else {}
+        return PROCESS_FUNCTIONS[mode](pin, **kwargs)
+    if stage.builtin:
+        if stage.fn is PROCESS_FUNCTIONS["gvpo"]:
+            return stage.fn(pin, **gvpo_params(inputs.prm_params, stage.kwargs))
+        return stage(pin)
+    out = stage(pin)
+    check.check_process(out, label=stage.label, shape=shape, device=device)
+    return out * pin.loss_mask  # masked positions stay 0

@@ -1,0 +1,78 @@
+"""The ``turn_ids`` contract: validation and the first token of every turn.
+
+Workflows return token-aligned ``turn_ids`` (``[B, S]`` integers): every generated token of one
+assistant turn shares an id in ``[0, S)``, ids never decrease over time, and every other position
+is -1. Gaps in the numbering are allowed and cost no GAE step. The advantage code aligns them
+(roll left by one, like the loss mask) and validates them against the aligned mask.
+
+Masks here are float 0/1 tensors and ids are handled as float32 (exact below 2**24): on CPU
+comparisons that produce bool tensors cost several times more than float arithmetic.
+"""
+
+from __future__ import annotations
+
+import torch
+
+INT_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+MISSING_TURN_IDS = ("turn-level GAE (gae_timestep_unit='turn' or estimator turn_gae) requires rollout data to include "
+                    "'turn_ids': return them from the workflow ([B, S] ints, -1 outside generated turns), or use "
+                    "token-level GAE.")
+
+
+def as_float_mask(mask: torch.Tensor) -> torch.Tensor:
+    """A 0/1 float32 view of a bool, integer or float mask."""
+    return mask if mask.dtype == torch.float32 else mask.float()
+
+
+def check_turn_ids_format(turn_ids: torch.Tensor, loss_mask: torch.Tensor) -> None:
+    """Shape, device and dtype of ``turn_ids`` (no host sync); ``ValueError`` when wrong."""
+    if not isinstance(turn_ids, torch.Tensor):
+        raise ValueError(f"turn_ids must be a torch.Tensor; got {type(turn_ids).__name__}.")
+    if tuple(turn_ids.shape) != tuple(loss_mask.shape):
+        raise ValueError(f"turn_ids must have shape {tuple(loss_mask.shape)} like loss_mask and input_ids; "
+                         f"got {tuple(turn_ids.shape)}.")
+    if turn_ids.device != loss_mask.device:
+        raise ValueError(f"turn_ids must be on the device of loss_mask ({loss_mask.device}); got {turn_ids.device}.")
+    if turn_ids.dtype not in INT_DTYPES:
+        raise ValueError(f"turn_ids must have an integer dtype (uint8, int8, int16, int32 or int64; signed "
+                         f"recommended for the -1 sentinel); got {turn_ids.dtype}.")
+
+
+def check_turn_ids(turn_ids: torch.Tensor, loss_mask: torch.Tensor) -> None:
+    """Validate aligned ``turn_ids`` against the aligned ``loss_mask`` (one host sync).
+
+    Raises:
+        ValueError: wrong shape, device or dtype.
+        RuntimeError: an active id is negative, >= S, or smaller than an earlier active id.
+    """
+    validated_turn_starts(turn_ids, loss_mask)
+
+
+def validated_turn_starts(turn_ids: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+    """:func:`check_turn_ids`, then ``[B, S]`` float 0/1 marking the first active token of each turn."""
+    check_turn_ids_format(turn_ids, loss_mask)
+    m = as_float_mask(loss_mask)
+    if m.numel() == 0:
+        return m.clone()
+    ids = turn_ids.float().mul_(m)  # inactive ids are irrelevant (and may be anything): 0 from here
+    seq_len = ids.shape[-1]
+    # Largest active id up to each position (inactive positions count as -1), then the gap of each
+    # id over the largest one strictly before it: >= 1 exactly where a new turn starts.
+    running = (ids + m).sub_(1).cummax(dim=-1).values
+    gap = torch.empty_like(ids)
+    gap[:, 0] = ids[:, 0] + 1
+    torch.sub(ids[:, 1:], running[:, :-1], out=gap[:, 1:])
+    gap.mul_(m)
+    low, high = torch.aminmax(ids)
+    # Inactive positions are 0 in ids and gap, so plain min/max over the batch decide each rule.
+    flags = torch.stack([low < 0, high > seq_len - 1, gap.amin() < 0])
+    negative, too_big, decreasing = flags.tolist()
+    if negative:
+        raise RuntimeError("turn_ids must be non-negative at active (loss) positions; use -1 only on prompt, "
+                           "tool, user and padding tokens.")
+    if too_big:
+        raise RuntimeError(f"turn_ids must be smaller than the sequence length ({seq_len}) at active positions.")
+    if decreasing:
+        raise RuntimeError("turn_ids must be temporally nondecreasing across active positions (one id per "
+                           "assistant turn, in generation order).")
+    return gap.clamp_(0, 1)

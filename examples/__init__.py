@@ -1,0 +1,1 @@
+"""Examples that can be imported from the repository root (``examples.<name>``)."""

@@ -1,0 +1,1 @@
+"""User functions for ``actor.advantage``: an outcome stage and an estimator stage."""

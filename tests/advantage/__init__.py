@@ -1,0 +1,1 @@
+"""Tests of areal_trainer.advantage."""

@@ -1,0 +1,121 @@
+"""GAE kernels: the worked examples of the reference (turn and token units, per-row lambda, the
+legacy recurrence), equivalence with the per-step loops, and the ``turn_ids`` contract."""
+
+import pytest
+import torch
+
+from areal_trainer.advantage._reference import legacy_token_gae, token_gae_loop, turn_gae_loop
+from areal_trainer.advantage.gae import token_level_gae, turn_level_gae
+from areal_trainer.advantage.scan import reverse_discounted_cumsum
+from areal_trainer.advantage.turns import check_turn_ids
+
+from .helpers import T, close
+
+ONES4 = torch.ones(1, 4, dtype=torch.bool)
+
+
+def test_turn_gae_two_turns():
+    # R_1 = 0 + 2 = 2 -> A_1 = 2; R_0 = 0 + 1 = 1 -> A_0 = 1 + 1 * 0.5 * 2 = 2. V = 0 so returns = advantages.
+    adv, ret = turn_level_gae(T([[0.0, 1, 0, 2]]), torch.zeros(1, 4), ONES4, T([[0, 0, 1, 1]]), torch.zeros(1),
+                              discount=1.0, gae_lambda=0.5)
+    close(adv, [[2, 2, 2, 2]])
+    close(ret, [[2, 2, 2, 2]])
+
+
+def test_turn_gae_truncated_with_gap_and_values():
+    # Bootstrap 8 (row truncated). Turn 2: V_2 = V[3] = 2, delta = 4 + .5 * 8 - 2 = 6 -> A_2 = 6.
+    # Turn 0: V_0 = V[0] = 1, delta = 3 + .5 * 2 - 1 = 3 -> A_0 = 3 + (.5 * .25) * 6 = 3.75.
+    # Returns: A_u + V_u on the turn's tokens, the value itself (9) at the masked position.
+    adv, ret = turn_level_gae(T([[0.0, 3, 0, 0, 4]]), T([[1.0, 5, 9, 2, 8]]), T([[1, 1, 0, 1, 1]]).bool(),
+                              T([[0, 0, -1, 2, 2]]), T([8.0]), discount=0.5, gae_lambda=0.25)
+    close(adv, [[3.75, 3.75, 0, 6, 6]])
+    close(ret, [[4.75, 4.75, 9, 8, 8]])
+
+
+def test_turn_gae_per_row_lambda():
+    # Row 0 as in test_turn_gae_two_turns; row 1 with lambda 0: A_1 = 2, A_0 = R_0 = 1.
+    r = T([[0.0, 1, 0, 2]]).repeat(2, 1)
+    adv, _ = turn_level_gae(r, torch.zeros(2, 4), ONES4.repeat(2, 1), T([[0, 0, 1, 1]]).repeat(2, 1),
+                            torch.zeros(2), discount=1.0, gae_lambda=T([0.5, 0.0]))
+    close(adv, [[2, 2, 2, 2], [1, 1, 2, 2]])
+
+
+def test_token_gae_per_row_lambda():
+    # Reward 1 at position 2, gamma 1: lambda .5 gives .5**2, .5, 1; lambda 0 keeps only the reward's own step.
+    m = T([[1, 1, 1, 0]]).bool().repeat(2, 1)
+    adv, _ = token_level_gae(T([[0.0, 0, 1, 0]]).repeat(2, 1), torch.zeros(2, 4), m, torch.zeros(2),
+                             discount=1.0, gae_lambda=T([0.5, 0.0]))
+    close(adv, [[0.25, 0.5, 1, 0], [0, 0, 1, 0]])
+
+
+def test_token_gae_matches_legacy_recurrence():
+    # Legacy loop, gamma .9, lambda .8 (c = .72); it never visits the last column and bootstraps from
+    # V[:, -1] for no-EOS rows, so the kernel gets that column masked and bootstrap V[:, -1] * no_eos.
+    # Row 0 (EOS, bootstrap 0): t=1 delta = .5 - .2 = .3, A = .3; t=0 delta = .9 * .2 - .1 = .08, A = .08 + .72 * .3 = .296.
+    # Row 1 (no EOS, bootstrap .5): t=2 delta = .9 * .5 - 0 = .45; t=1 delta = 1 + 0 - .1 = .9, A = .9 + .72 * .45 = 1.224.
+    r = T([[0.0, 0.5, 0, 2], [0, 1, 0, 0]])
+    v = T([[0.1, 0.2, 0.3, 0.4], [0.2, 0.1, 0, 0.5]])
+    m = T([[1, 1, 0, 1], [0, 1, 1, 1]]).bool()
+    no_eos = T([False, True])
+    legacy_adv, legacy_ret = legacy_token_gae(r, v, m, no_eos, discount=0.9, gae_lambda=0.8)
+    visited = m.clone()
+    visited[:, -1] = False
+    adv, ret = token_level_gae(r, v, visited, v[:, -1] * no_eos, discount=0.9, gae_lambda=0.8)
+    close(adv, [[0.296, 0.3, 0, 0], [0, 1.224, 0.45, 0]], atol=1e-6)
+    assert torch.allclose(adv[visited].double(), legacy_adv[visited], atol=1e-6)
+    assert torch.allclose(ret[visited].double(), legacy_ret[visited], atol=1e-6)
+    assert torch.allclose(ret[visited], (adv + v)[visited])
+
+
+@pytest.mark.parametrize("discount,lam", [(1.0, 1.0), (0.99, 0.95), (0.9, 0.0), (0.0, 0.5), (1.0, "row")])
+def test_kernels_match_loops(discount, lam):
+    g = torch.Generator().manual_seed(7)
+    n_rows, width = 6, 150
+    m = torch.rand(n_rows, width, generator=g) < 0.6
+    m[0] = False  # a row with no step at all
+    r, v, boot = (torch.randn(n_rows, width, generator=g), torch.randn(n_rows, width, generator=g),
+                  torch.randn(n_rows, generator=g))
+    lam = torch.rand(n_rows, generator=g) if lam == "row" else lam
+    ids = torch.where(m, ((torch.rand(n_rows, width, generator=g) < 0.05).long().cumsum(-1)) * 3, -1)
+    fast = token_level_gae(r, v, m, boot, discount=discount, gae_lambda=lam)
+    slow = token_gae_loop(r, v, m, boot, discount=discount, gae_lambda=lam)
+    for a, b in zip(fast, slow):
+        assert torch.allclose(a.double(), b, atol=1e-4)
+    fast = turn_level_gae(r, v, m, ids, boot, discount=discount, gae_lambda=lam)
+    slow = turn_gae_loop(r, v, m, ids, boot, discount=discount, gae_lambda=lam)
+    for a, b in zip(fast, slow):
+        assert torch.allclose(a.double(), b, atol=1e-4)
+
+
+@pytest.mark.parametrize("n", [1, 63, 64, 65, 200, 4500])
+def test_scan_matches_definition(n):
+    x = torch.randn(3, n, dtype=torch.float64, generator=torch.Generator().manual_seed(n))
+    coef = T([0.0, 0.7, 1.0], dtype=torch.float64)
+    y = reverse_discounted_cumsum(x, coef)
+    expected = torch.zeros_like(x)
+    acc = torch.zeros(3, dtype=torch.float64)
+    for i in reversed(range(n)):
+        acc = x[:, i] + coef * acc
+        expected[:, i] = acc
+    assert torch.allclose(y, expected, atol=1e-9)
+
+
+@pytest.mark.parametrize("ids,message", [
+    ([-1, 0, 0, 1], "non-negative"),
+    ([0, 0, 4, 4], "smaller than the sequence length"),
+    ([0, 1, 0, 2], "temporally nondecreasing"),
+])
+def test_turn_ids_value_errors(ids, message):
+    with pytest.raises(RuntimeError, match=message):
+        check_turn_ids(T([ids]), ONES4)
+
+
+def test_turn_ids_format_errors():
+    with pytest.raises(ValueError, match="integer dtype"):
+        check_turn_ids(T([[0.0, 0, 1, 1]]), ONES4)
+    with pytest.raises(ValueError, match="must have shape"):
+        check_turn_ids(T([[0, 0, 1]]), ONES4)
+    with pytest.raises(ValueError, match="device"):
+        check_turn_ids(torch.zeros(1, 4, dtype=torch.long, device="meta"), ONES4)
+    check_turn_ids(T([[0, 0, 1, 1]], dtype=torch.uint8), ONES4)  # any integer dtype is accepted
+    check_turn_ids(T([[0, -1, 3, 3]]), T([[1, 0, 1, 1]]).bool())  # -1 only where inactive; gaps allowed

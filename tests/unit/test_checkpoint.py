@@ -1,0 +1,32 @@
+"""Checkpoints are atomic: only directories with the completion marker count, old ones are pruned."""
+
+import os
+
+import torch
+
+from areal_trainer.model.builtin import build_model, build_tokenizer
+from areal_trainer.train import checkpoint as ckpt
+
+
+def test_save_load_and_prune(tmp_path):
+    tok = build_tokenizer()
+    model = build_model("builtin:tiny", tok, seed=0)
+    for step in (1, 2, 3):
+        ckpt.save_checkpoint(str(tmp_path), step, models={"actor": model}, tokenizer=tok, state={"x": step}, keep_last=2)
+    assert [s for s, _ in ckpt.checkpoint_dirs(str(tmp_path))] == [2, 3]
+    path = ckpt.latest_checkpoint(str(tmp_path))
+    assert ckpt.load_trainer_state(path)["x"] == 3
+    assert os.path.isfile(os.path.join(path, "actor", "config.json"))
+
+
+def test_incomplete_checkpoint_is_ignored(tmp_path):
+    os.makedirs(tmp_path / "checkpoints" / "step_9" / "actor")  # crashed mid-save: no marker
+    os.makedirs(tmp_path / "checkpoints" / ".tmp-step_10-1")
+    assert ckpt.latest_checkpoint(str(tmp_path)) is None
+
+
+def test_rng_state_round_trip():
+    state = ckpt.rng_state()
+    a = torch.rand(3)
+    ckpt.set_rng_state(state)
+    assert torch.equal(a, torch.rand(3))

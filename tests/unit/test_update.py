@@ -1,0 +1,75 @@
+"""The optimizer update: the gradient does not depend on the micro-batch split, and a non-finite
+loss skips the step without touching the weights."""
+
+import copy
+
+import torch
+
+from areal_trainer.config import load_config
+from areal_trainer.config.parts import MicroBatchSpec
+from areal_trainer.loss import bind_policy_loss
+from areal_trainer.model.builtin import build_model, build_tokenizer
+from areal_trainer.train.step import policy_update
+from areal_trainer.train.update import balanced_partition, micro_batches
+
+
+def _batch(tok, rows=6, width=10):
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(10, len(tok), (rows, width), generator=g)
+    am = torch.ones_like(ids)
+    for r in range(rows):
+        am[r, 4 + r % 5:] = 0
+    lm = torch.zeros(rows, width)
+    lm[:, 2:] = 1
+    lm = lm * torch.roll(am, -1, 1)
+    lm[:, -1] = 0
+    return {"input_ids": ids, "attention_mask": am, "loss_mask": lm, "old_logp": -torch.rand(rows, width, generator=g) * lm,
+            "advantages": torch.randn(rows, width, generator=g) * lm, "versions": torch.zeros(rows, width, dtype=torch.int32)}
+
+
+def _grads(n_mbs, mode="token-mean"):
+    tok = build_tokenizer()
+    model = build_model("builtin:tiny", tok, seed=0)
+    cfg = load_config("grpo", ["actor.use_decoupled_loss=false", "actor.recompute_logprob=false",
+                               "actor.rejection_sampling=null", f"actor.loss_agg_mode={mode}",
+                               f"actor.mb_spec.n_mbs={n_mbs}", "actor.optimizer.type=sgd", "actor.optimizer.lr=1.0",
+                               "actor.optimizer.weight_decay=0", "actor.optimizer.gradient_clipping=0"]).actor
+    before = copy.deepcopy(model.state_dict())
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    batch = _batch(tok)
+    batch["prox_logp"] = batch["old_logp"]
+    metrics, skipped = policy_update(model, opt, batch, loss_fn=bind_policy_loss(cfg), actor_cfg=cfg, version=0,
+                                     autocast_dtype=None)
+    return {k: before[k] - v for k, v in model.state_dict().items()}, metrics, skipped
+
+
+def test_micro_batch_split_does_not_change_the_update():
+    for mode in ("token-mean", "seq-mean-token-mean"):
+        one, m1, _ = _grads(1, mode)
+        four, m4, _ = _grads(4, mode)
+        for k in one:
+            torch.testing.assert_close(one[k], four[k], atol=2e-6, rtol=1e-4)
+        assert abs(m1["actor/n_valid_tokens"] - m4["actor/n_valid_tokens"]) < 1e-9
+
+
+def test_partitions_cover_all_rows():
+    parts = balanced_partition([5, 1, 9, 3, 3, 7], 3)
+    assert sorted(sum(parts, [])) == list(range(6)) and len(parts) == 3
+    mbs = micro_batches([0, 1, 2, 3], [10, 10, 10, 10], MicroBatchSpec(max_tokens_per_mb=20))
+    assert len(mbs) == 2 and sorted(sum(mbs, [])) == [0, 1, 2, 3]
+
+
+def test_nonfinite_loss_skips_step():
+    tok = build_tokenizer()
+    model = build_model("builtin:tiny", tok, seed=0)
+    cfg = load_config("grpo", ["actor.use_decoupled_loss=false", "actor.rejection_sampling=null"]).actor
+    before = copy.deepcopy(model.state_dict())
+    batch = _batch(tok)
+    batch["advantages"][0, 2] = float("nan")  # a valid position
+    batch["prox_logp"] = batch["old_logp"]
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    metrics, skipped = policy_update(model, opt, batch, loss_fn=bind_policy_loss(cfg), actor_cfg=cfg, version=0,
+                                     autocast_dtype=None)
+    assert skipped == 1 and metrics["update/skipped_steps"] == 1
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k])
