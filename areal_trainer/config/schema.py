@@ -209,6 +209,9 @@ class SFTWarmupConfig(Checked):
     lr: float = 3e-3
     batch_size: int = 32
     warmup_steps: int = 20
+    cache: bool = True
+    """Reuse the result of an identical earlier warm start (same model, data, settings, seed and code),
+    stored under ``$AREAL_TRAINER_CACHE`` (default ``~/.cache/areal_trainer``)."""
 
     def check(self, key: str) -> list[str]:
         if self.steps is not None and self.steps < 0:

@@ -1,5 +1,6 @@
-"""Prompt datasets: the built-in arithmetic set, GSM8K from the Hugging Face hub, or a local
-jsonl/json/parquet/csv file with the same fields (``question``, ``answer`` ending in ``#### n``).
+"""Prompt datasets: the built-in arithmetic set, GSM8K from the Hugging Face hub
+(``path=openai/gsm8k name=main``, splits ``train``/``test``), or a local jsonl/json/parquet/csv
+file with the same fields (``question``, ``answer`` ending in ``#### n``).
 
 Rows become samples ``{"messages", "question", "answer"}``; the reward compares the model's final
 answer with ``answer``.
@@ -16,6 +17,8 @@ from . import arith
 BOXED_SUFFIX = "\nPlease put your final answer within \\boxed{}."
 _LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 BUILTIN_DEFAULT_ROWS = {"train": 50000, "test": 256}
+GSM8K_IDS = ("openai/gsm8k", "gsm8k")
+"""Hub ids of GSM8K; it has two configs, ``main`` (the usual one) and ``socratic``."""
 
 
 def load_rows(cfg: DatasetConfig, key: str) -> list[dict]:
@@ -55,13 +58,28 @@ def _load_hf(cfg: DatasetConfig, key: str) -> list[dict]:
         elif cfg.path.startswith((".", "/", "~")) and not os.path.exists(cfg.path):
             raise UserError(f"{key}.path: {cfg.path!r} does not exist.")
         else:
+            if cfg.path.lower() in GSM8K_IDS and cfg.name is None:
+                raise UserError(f"{key}.name: {cfg.path!r} needs a config name; set {key}.name=main "
+                                "(or socratic for the Socratic-style solutions).")
             ds = datasets.load_dataset(cfg.path, cfg.name, split=cfg.split)
     except UserError:
         raise
     except Exception as e:  # noqa: BLE001 - datasets raises many types; report them all the same way
         raise UserError(f"{key}.path: cannot load {cfg.path!r} (name={cfg.name!r}, split={cfg.split!r}): "
-                        f"{type(e).__name__}: {str(e).splitlines()[0]}") from None
+                        f"{type(e).__name__}: {str(e).splitlines()[0]}{_load_hint(cfg, key, e)}") from None
     return list(ds)
+
+
+def _load_hint(cfg: DatasetConfig, key: str, err: Exception) -> str:
+    """A suggestion for a failed hub load: the missing config name, or how to work offline."""
+    msg = str(err)
+    if "Config name is missing" in msg or "BuilderConfig" in msg:
+        return f". Set {key}.name (for openai/gsm8k: {key}.name=main)."
+    if "offline" in msg.lower() or "couldn't reach" in msg.lower() or isinstance(err, ConnectionError):
+        return (f". The hub is unreachable or offline mode is on (HF_DATASETS_OFFLINE / HF_HUB_OFFLINE) and the "
+                f"dataset is not cached: load it once with network access, or set {key}.path to a local "
+                f".jsonl/.parquet file with {cfg.question_key!r} and {cfg.answer_key!r} fields.")
+    return ""
 
 
 def prompt_suffix(cfg: DatasetConfig) -> str:

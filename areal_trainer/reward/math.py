@@ -1,9 +1,19 @@
 """Verifiable rewards for math answers (GSM8K and the built-in arithmetic task).
 
 The final answer of a completion is, in order of preference: the content of the last
-``\\boxed{...}``, the number after the last ``####``, or the last number in the text. It earns 1.0
-when it equals the reference answer (the number after ``####`` in the dataset's ``answer``),
-compared as exact rationals, so ``0.5`` matches ``1/2`` and ``1,000`` matches ``1000``.
+``\\boxed{...}``, the number after the last ``####``, or the last number in the text. The reference
+answer is the text after the last ``####`` of the dataset's ``answer`` (else all of it).
+
+Checking is two-tier:
+
+1. **Exact numbers** (fast, no dependencies): when both answers are plain numbers (``12``,
+   ``-3.5``, ``1,000``, ``3/4``, ``\\frac{3}{4}``, ``$12``), they are compared as exact rationals,
+   so ``0.5`` matches ``1/2``. A percentage (``50%``, ``50\\%``) matches both ``50`` and ``0.5``.
+2. **Symbolic** (``math-verify``): when either side is not a plain number (``\\sqrt{4}``,
+   ``2\\sqrt{2}``, ``12 \\text{ apples}``), or when a mismatch rests only on the last-number guess
+   in text that contains LaTeX (``$\\frac{1}{2}$`` ends in the digit 2), the library decides, with
+   a per-call deadline (:mod:`areal_trainer.reward.verify`): a check that overruns scores 0.0 and
+   is counted in ``verify.stats()``.
 """
 
 from __future__ import annotations
@@ -11,8 +21,12 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?")
+from . import verify
+
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?(?:\s*\\?%)?")
 _HASHES = re.compile(r"####\s*([^\n]*)")
+_PERCENT = re.compile(r"\s*\\?%$")
+_LATEX_NOISE = (("\\$", ""), ("{,}", ","), ("\\,", ""), ("\\!", ""), ("\\ ", ""))
 
 
 def last_boxed(text: str) -> str | None:
@@ -28,23 +42,31 @@ def last_boxed(text: str) -> str | None:
     return None
 
 
-def extract_answer(text: str) -> str | None:
-    """The final answer string of a completion (see module docstring), or None."""
+def _extract(text: str) -> tuple[str | None, str]:
+    """(final answer string, where it came from: ``boxed``, ``hashes``, ``last`` or ``none``)."""
     boxed = last_boxed(text)
     if boxed is not None:
-        return boxed.strip()
+        return boxed.strip(), "boxed"
     hashes = _HASHES.findall(text)
     if hashes and _NUMBER.search(hashes[-1]):
-        return _NUMBER.search(hashes[-1]).group(0)
+        return _NUMBER.search(hashes[-1]).group(0), "hashes"
     numbers = _NUMBER.findall(text)
-    return numbers[-1] if numbers else None
+    return (numbers[-1], "last") if numbers else (None, "none")
+
+
+def extract_answer(text: str) -> str | None:
+    """The final answer string of a completion (see module docstring), or None."""
+    return _extract(text)[0]
 
 
 def to_number(text: str | None) -> Fraction | None:
-    """Parse ``12``, ``-3.5``, ``1,000``, ``3/4``, ``$12``, ``12.`` into an exact Fraction."""
+    """Parse ``12``, ``-3.5``, ``1,000``, ``3/4``, ``$12``, ``12.``, ``\\frac{3}{4}`` into an exact Fraction."""
     if text is None:
         return None
-    s = text.strip().strip("$").replace(",", "").rstrip(".").strip()
+    s = text.strip()
+    for old, new in _LATEX_NOISE:
+        s = s.replace(old, new)
+    s = s.strip("$").replace(",", "").rstrip(".").strip()
     s = re.sub(r"^\\text\{(.*)\}$", r"\1", s)
     s = re.sub(r"\\(?:d|t)?frac\{(-?\d+)\}\{(\d+)\}", r"\1/\2", s)
     try:
@@ -53,16 +75,40 @@ def to_number(text: str | None) -> Fraction | None:
         return None
 
 
+def numeric_values(text: str | None) -> frozenset[Fraction]:
+    """The values a plain-number answer may stand for: ``{x}``, ``{p, p/100}`` for ``p%``, or empty."""
+    if text is None:
+        return frozenset()
+    stripped = _PERCENT.sub("", text.strip())
+    if stripped != text.strip():
+        p = to_number(stripped)
+        return frozenset() if p is None else frozenset({p, p / 100})
+    x = to_number(text)
+    return frozenset() if x is None else frozenset({x})
+
+
 def reference_answer(answer: str) -> str:
     """The gold answer of a GSM8K-style solution (text after the last ``####``, else all of it)."""
     hashes = _HASHES.findall(answer)
     return hashes[-1].strip() if hashes else answer.strip()
 
 
-def gsm8k_reward_fn(prompt: str, completion: str, answer: str, **kwargs) -> float:
-    """1.0 if the completion's final answer equals the reference answer numerically, else 0.0."""
-    gold = to_number(reference_answer(answer))
-    pred = to_number(extract_answer(completion))
-    if gold is None or pred is None:
+def gsm8k_reward_fn(prompt: str, completion: str, answer: str, *, timeout: float | None = 5.0, **kwargs) -> float:
+    """1.0 if the completion's final answer equals the reference answer, else 0.0.
+
+    ``timeout`` (seconds, set with ``reward.kwargs.timeout``) bounds each math-verify check; None
+    disables the bound. Other keyword arguments are accepted and ignored.
+    """
+    gold_text = reference_answer(answer or "")
+    if not completion or not completion.strip() or not gold_text:
         return 0.0
-    return 1.0 if pred == gold else 0.0
+    pred_text, source = _extract(completion)
+    gold, pred = numeric_values(gold_text), numeric_values(pred_text)
+    if gold and pred:
+        if gold & pred:
+            return 1.0
+        if source != "last" or "\\" not in completion:
+            return 0.0  # two plain numbers that differ: no symbolic check can change that
+    elif not any(c.isdigit() or c == "\\" for c in completion):
+        return 0.0  # neither a number nor LaTeX: nothing math-verify could match
+    return verify.verify_answer(gold_text, completion, timeout=timeout)

@@ -3,7 +3,8 @@
 Fixed batch size (default): keep sampling new prompts until ``batch_size`` groups are accepted,
 for at most ``rollout.max_sampling_rounds`` rounds, then fail with a clear error.
 ``dynamic_bs=true``: train on what the first round accepted (another round only if it accepted
-nothing), so the batch size varies.
+nothing), so the batch size varies; if no round accepted anything the step is skipped (an empty
+list is returned) rather than failing the run.
 """
 
 from __future__ import annotations
@@ -17,29 +18,25 @@ def collect_groups(loader, workflow, gconfig, *, batch_size: int, accept: Callab
                    max_rounds: int) -> tuple[list[dict], dict[str, float]]:
     """(accepted groups, metrics about filtering)."""
     accepted: list[dict] = []
-    attempted = 0
+    attempted, reward_sum, reward_n = 0, 0.0, 0
     for _ in range(max_rounds):
         want = batch_size if (dynamic_bs or accept is None) else batch_size - len(accepted)
-        samples = _take(loader, want)
+        samples = loader.take(want)
         groups = workflow.rollout(samples, gconfig)
         attempted += len(groups)
+        for g in groups:
+            reward_sum, reward_n = reward_sum + float(g["rewards"].sum()), reward_n + g["rewards"].numel()
         accepted += [g for g in groups if accept is None or accept(g)]
         if accept is None or len(accepted) >= batch_size or (dynamic_bs and accepted):
             break
     else:
-        if not accepted or not dynamic_bs:
+        if not dynamic_bs:
             raise UserError(
                 f"rollout.dynamic_filter accepted only {len(accepted)} of {attempted} prompt groups in "
                 f"rollout.max_sampling_rounds={max_rounds} rounds (needed {batch_size}). Raise "
                 "rollout.max_sampling_rounds or gconfig.n_samples, set dynamic_bs=true, or loosen the filter.")
     accepted = accepted[:batch_size] if not dynamic_bs else accepted
     return accepted, {"rollout/accepted_groups": len(accepted), "rollout/sampled_groups": attempted,
-                      "rollout/accept_rate": len(accepted) / max(attempted, 1)}
+                      "rollout/accept_rate": len(accepted) / max(attempted, 1),
+                      "reward/sampled": reward_sum / max(reward_n, 1)}
 
-
-def _take(loader, n: int) -> list[dict]:
-    """``n`` samples from the loader, spanning batches if needed."""
-    out: list[dict] = []
-    while len(out) < n:
-        out += loader.next_batch()
-    return out[:n]

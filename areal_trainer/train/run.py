@@ -30,8 +30,17 @@ from . import checkpoint as ckpt
 from .collect import collect_groups
 from .evaluate import evaluate
 from .optim import build_optimizer, build_scheduler
-from .sft import sft_warmup
-from .step import batched_logprobs, compute_advantage, policy_update, rollout_metrics, training_batch
+from .models import build_critic, build_ref
+from .sft import load_cached, sft_warmup, store_cached, warmstart_key
+from .step import (
+    batched_logprobs,
+    batched_values,
+    compute_advantage,
+    critic_update,
+    policy_update,
+    rollout_metrics,
+    training_batch,
+)
 
 DEFAULT_SFT_STEPS = 300
 """Warm-start steps for built-in (randomly initialised) models when ``sft_warmup.steps`` is null."""
@@ -77,8 +86,18 @@ class RLTrainer:
         self.total_steps = min(total, cfg.total_train_steps) if cfg.total_train_steps else total
         self.optimizer = build_optimizer(self.model.parameters(), cfg.actor.optimizer)
         self.scheduler = build_scheduler(self.optimizer, cfg.actor.optimizer, self.total_steps)
+        self.ref = self.critic = self.critic_optimizer = self.critic_scheduler = None
         self.step, self.consecutive_skips = 0, 0
         self.last_save = self.last_eval = time.time()
+
+    def _build_aux_models(self) -> None:
+        """Reference policy and critic, from the policy as RL starts (or from the checkpoint)."""
+        cfg = self.cfg
+        self.ref = build_ref(cfg, self.model, self.tokenizer, self.device, self.resume_from)
+        self.critic = build_critic(cfg, self.model, self.tokenizer, self.device, self.resume_from)
+        if self.critic is not None:
+            self.critic_optimizer = build_optimizer(self.critic.parameters(), cfg.critic.optimizer)
+            self.critic_scheduler = build_scheduler(self.critic_optimizer, cfg.critic.optimizer, self.total_steps)
 
     def _resume_checkpoint(self) -> str | None:
         found = ckpt.latest_checkpoint(self.run_dir)
@@ -97,14 +116,24 @@ class RLTrainer:
         self.loader.load_state_dict(state["loader"])
         self.step, self.consecutive_skips = state["step"], state["consecutive_skips"]
         self.engine.version = state["version"]
+        if self.critic is not None:
+            self.critic_optimizer.load_state_dict(state["critic_optimizer"])
+            self.critic_scheduler.load_state_dict(state["critic_scheduler"])
         ckpt.set_rng_state(state["rng"])
 
     def _save(self) -> str:
         state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                  "loader": self.loader.state_dict(), "consecutive_skips": self.consecutive_skips,
                  "version": self.engine.version}
+        models = {"actor": self.model}
+        if self.critic is not None:
+            models["critic"] = self.critic
+            state.update(critic_optimizer=self.critic_optimizer.state_dict(),
+                         critic_scheduler=self.critic_scheduler.state_dict())
+        if self.ref is not None:
+            models["ref"] = self.ref  # the policy as RL began; not reloadable from a path after a warm start
         self.last_save = time.time()
-        return ckpt.save_checkpoint(self.run_dir, self.step, models={"actor": self.model}, tokenizer=self.tokenizer,
+        return ckpt.save_checkpoint(self.run_dir, self.step, models=models, tokenizer=self.tokenizer,
                                     state=state, keep_last=self.cfg.saver.keep_last)
 
     # -- schedule ---------------------------------------------------------------------------------
@@ -128,12 +157,25 @@ class RLTrainer:
         steps = self.cfg.sft_warmup.steps
         if steps is None:
             steps = DEFAULT_SFT_STEPS if is_builtin(self.cfg.actor.path) else 0
-        if steps > 0:
-            t0 = time.time()
-            losses = sft_warmup(self.model, self.tokenizer, self.train_samples, self.cfg.sft_warmup, steps=steps,
-                                seed=self.cfg.seed, device=self.device, autocast_dtype=self.autocast,
-                                progress=self.cfg.stats_logger.progress_bar)
-            log.log(0, {"sft/loss": losses[-1], "sft/steps": steps, "time/sft": time.time() - t0})
+        if steps <= 0:
+            return
+        sft = self.cfg.sft_warmup
+        key = None
+        if sft.cache and is_builtin(self.cfg.actor.path):
+            key = warmstart_key({"actor": self.cfg.actor.path, "seed": self.cfg.seed, "steps": steps, "sft": sft,
+                                 "data": self.cfg.train_dataset, "device": self.device.type, "dtype": self.cfg.actor.dtype})
+            cached = load_cached(self.model, key)
+            if cached is not None:
+                print(f"SFT warm start: reusing the identical earlier warm start {key} (sft_warmup.cache=false recomputes it)")
+                log.log(0, {**cached, "sft/cached": 1.0})
+                return
+        t0 = time.time()
+        losses = sft_warmup(self.model, self.tokenizer, self.train_samples, sft, steps=steps, seed=self.cfg.seed,
+                            device=self.device, autocast_dtype=self.autocast, progress=self.cfg.stats_logger.progress_bar)
+        metrics = {"sft/loss": losses[-1], "sft/steps": steps, "time/sft": time.time() - t0}
+        if key is not None:
+            store_cached(self.model, key, metrics)
+        log.log(0, metrics)
 
     def train_step(self) -> dict[str, float]:
         cfg, a = self.cfg, self.cfg.actor
@@ -141,18 +183,31 @@ class RLTrainer:
         groups, metrics = collect_groups(self.loader, self.workflow, cfg.gconfig, batch_size=cfg.train_dataset.batch_size,
                                          accept=self.accept, dynamic_bs=cfg.dynamic_bs,
                                          max_rounds=cfg.rollout.max_sampling_rounds)
+        if not groups:  # dynamic_bs and no prompt group passed the filter: nothing to train on
+            return {**metrics, "reward/task": metrics["reward/sampled"], "update/skipped_empty_batch": 1.0,
+                    "time/step": time.time() - t0}
         batch, sizes = concat_groups(groups)
         data = {k: v.to(self.device) for k, v in batch.items()}
         t1 = time.time()
         if a.should_compute_prox_logp():
             data["prox_logp"] = batched_logprobs(self.model, data, temperature=a.temperature, mb_spec=a.mb_spec,
                                                  autocast_dtype=self.autocast)
+        if self.ref is not None:
+            data["ref_logp"] = batched_logprobs(self.ref, data, temperature=a.temperature, mb_spec=a.mb_spec,
+                                                autocast_dtype=self.autocast)
+        if self.critic is not None:
+            data["values"] = batched_values(self.critic, data, mb_spec=cfg.critic.mb_spec, autocast_dtype=self.autocast)
         t2 = time.time()
         adv = compute_advantage(self.advantage_fn, data, a, sizes)
         t3 = time.time()
         upd, skipped = policy_update(self.model, self.optimizer, training_batch(data, adv), loss_fn=self.loss_fn,
                                      actor_cfg=a, version=self.engine.version, autocast_dtype=self.autocast)
         self.scheduler.step()
+        if self.critic is not None:
+            cmetrics, _ = critic_update(self.critic, self.critic_optimizer, data, adv, critic_cfg=cfg.critic,
+                                        autocast_dtype=self.autocast)
+            self.critic_scheduler.step()
+            metrics.update(cmetrics)
         self.engine.version += 1
         t4 = time.time()
         self.consecutive_skips = self.consecutive_skips + 1 if skipped == a.ppo_n_minibatches else 0
@@ -167,10 +222,12 @@ class RLTrainer:
 
     def train(self) -> dict[str, float]:
         if self.resume_from:
+            self._build_aux_models()
             self._restore()
         log = StatsLogger(self.run_dir, self.cfg, resume_step=self.step if self.resume_from else None)
         if not self.resume_from:
             self.warm_start(log)
+            self._build_aux_models()
             if self.cfg.evaluator.eval_before_train:
                 log.log(0, self._evaluate())
         bar = tqdm(total=self.total_steps, initial=self.step, desc=f"{self.cfg.algorithm}", dynamic_ncols=True,

@@ -7,6 +7,12 @@ The loss is the mean negative log-likelihood of the answer tokens (the prompt is
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import shutil
+import sys
+
 import torch
 from tqdm.auto import tqdm
 
@@ -57,3 +63,47 @@ def sft_warmup(model, tokenizer, samples: list[dict], cfg: SFTWarmupConfig, *, s
         losses.append(float(loss.detach()))
         bar.set_postfix(loss=f"{losses[-1]:.3f}")
     return losses
+
+
+def cache_root() -> str:
+    return os.environ.get("AREAL_TRAINER_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "areal_trainer"))
+
+
+def warmstart_key(parts: dict) -> str:
+    """A key for the warm-start cache: the settings plus the source of every module that shapes the
+    result (the task generator, the built-in model and tokenizer, this file), so edits invalidate it."""
+    from ..data import arith
+    from ..model import builtin
+
+    h = hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode())
+    for module in (arith, builtin, sys.modules[__name__]):
+        with open(module.__file__, "rb") as f:
+            h.update(f.read())
+    h.update(torch.__version__.encode())
+    return h.hexdigest()[:24]
+
+
+def load_cached(model, key: str) -> dict | None:
+    """Load a cached warm start into ``model``; returns its recorded metrics, or None if absent."""
+    path = os.path.join(cache_root(), "warmstart", key)
+    if not os.path.isfile(os.path.join(path, "metrics.json")):
+        return None
+    model.load_state_dict(torch.load(os.path.join(path, "model.pt"), weights_only=True))
+    with open(os.path.join(path, "metrics.json")) as f:
+        return json.load(f)
+
+
+def store_cached(model, key: str, metrics: dict) -> None:
+    """Write the warm start atomically (metrics.json last, then rename)."""
+    root = os.path.join(cache_root(), "warmstart")
+    os.makedirs(root, exist_ok=True)
+    tmp = os.path.join(root, f".tmp-{key}-{os.getpid()}")
+    os.makedirs(tmp, exist_ok=True)
+    torch.save(model.state_dict(), os.path.join(tmp, "model.pt"))
+    with open(os.path.join(tmp, "metrics.json"), "w") as f:
+        json.dump(metrics, f)
+    final = os.path.join(root, key)
+    if os.path.exists(final):
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        os.rename(tmp, final)

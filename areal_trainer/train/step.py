@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from ..advantage import AdvantageInputs, AdvantageResult, TrajBatchMeta
-from ..loss import PolicyLossInputs, loss_normalizer
+from ..loss import PolicyLossInputs, explained_variance, loss_normalizer, value_loss
 from ..rollout.batch import select_rows
 from .logprobs import forward_logprobs
 from .update import micro_batches, optimizer_steps
@@ -26,6 +26,43 @@ def batched_logprobs(model, batch: dict, *, temperature: float, mb_spec, autocas
                                    autocast_dtype=autocast_dtype)
         out[idx, : logp.shape[1]] = logp
     return out
+
+
+@torch.no_grad()
+def batched_values(critic, batch: dict, *, mb_spec, autocast_dtype) -> torch.Tensor:
+    """``[B, S]`` critic values of ``batch``, micro-batch by micro-batch."""
+    out = torch.zeros(batch["input_ids"].shape, dtype=torch.float32, device=batch["input_ids"].device)
+    lengths = batch["attention_mask"].sum(1).tolist()
+    for rows in micro_batches(list(range(len(lengths))), lengths, mb_spec):
+        idx = torch.tensor(rows, device=out.device)
+        sub = select_rows({"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}, idx)
+        out[idx, : sub["input_ids"].shape[1]] = critic(sub["input_ids"], sub["attention_mask"], autocast_dtype)
+    return out
+
+
+def critic_update(critic, optimizer, data: dict, adv: AdvantageResult, *, critic_cfg, autocast_dtype,
+                  all_reduce=None) -> tuple[dict[str, float], int]:
+    """``critic.ppo_n_minibatches`` optimizer steps of the clipped value loss towards ``adv.returns``."""
+    batch = {"input_ids": data["input_ids"], "attention_mask": data["attention_mask"], "loss_mask": adv.loss_mask,
+             "old_values": data["values"], "returns": adv.returns}
+
+    def normalizer_of(sub: dict) -> torch.Tensor:
+        return loss_normalizer(sub["loss_mask"], "token-mean")
+
+    def loss_of(sub: dict, normalizer: torch.Tensor):
+        values = critic(sub["input_ids"], sub["attention_mask"], autocast_dtype)
+        return value_loss(values, sub["old_values"], sub["returns"], sub["loss_mask"], critic_cfg.eps_clip,
+                          normalizer=normalizer)
+
+    metrics, skipped = optimizer_steps(
+        batch, model=critic, optimizer=optimizer, n_minibatches=critic_cfg.ppo_n_minibatches,
+        mb_spec=critic_cfg.mb_spec, grad_clip=critic_cfg.optimizer.gradient_clipping, normalizer_of=normalizer_of,
+        loss_of=loss_of, all_reduce=all_reduce)
+    metrics = {k.replace("update/", "critic/update/"): v for k, v in metrics.items()}
+    # How well the values the advantages were computed with predicted the returns (whole batch).
+    metrics["critic/explained_variance_before_update"] = float(
+        explained_variance(data["values"], adv.returns, adv.loss_mask))
+    return metrics, skipped
 
 
 def aligned_versions(versions: torch.Tensor) -> torch.Tensor:

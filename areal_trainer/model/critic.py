@@ -1,0 +1,55 @@
+"""The PPO value model: a transformer backbone (the causal LM without its vocabulary head) and a
+scalar value head. ``values[b, t]`` is the value of the state after token ``t`` (the state from
+which token ``t+1`` is sampled), so it is next-token aligned like every training-side forward.
+
+Saved as the backbone's Hugging Face checkpoint plus ``value_head.pt``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+from torch import nn
+
+HEAD_FILE = "value_head.pt"
+
+
+class ValueModel(nn.Module):
+    def __init__(self, backbone: nn.Module, hidden_size: int):
+        super().__init__()
+        self.backbone = backbone
+        self.value_head = nn.Linear(hidden_size, 1)
+        # A zero head starts every value at 0, i.e. at the critic-free baseline.
+        nn.init.zeros_(self.value_head.weight)
+        nn.init.zeros_(self.value_head.bias)
+
+    @classmethod
+    def from_causal_lm(cls, lm: nn.Module) -> ValueModel:
+        return cls(lm.base_model, lm.config.hidden_size)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                autocast_dtype: torch.dtype | None = None) -> torch.Tensor:
+        """``[B, S]`` float32 values (0 at padding)."""
+        ctx = torch.autocast(input_ids.device.type, autocast_dtype) if autocast_dtype else contextlib.nullcontext()
+        with ctx:
+            hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+            values = self.value_head(hidden).squeeze(-1).float()
+        return values * attention_mask.to(values.dtype)
+
+    def gradient_checkpointing_enable(self) -> None:
+        self.backbone.gradient_checkpointing_enable()
+
+    def save_pretrained(self, path: str) -> None:
+        self.backbone.save_pretrained(path)
+        torch.save(self.value_head.state_dict(), os.path.join(path, HEAD_FILE))
+
+    @classmethod
+    def from_pretrained(cls, path: str, dtype: torch.dtype = torch.float32) -> ValueModel:
+        from transformers import AutoModel
+
+        backbone = AutoModel.from_pretrained(path, dtype=dtype)
+        model = cls(backbone, backbone.config.hidden_size)
+        model.value_head.load_state_dict(torch.load(os.path.join(path, HEAD_FILE), weights_only=True))
+        return model

@@ -1,0 +1,179 @@
+"""Multi-turn rollout with environment feedback: the model answers, and while its final answer is
+wrong the environment replies with a fixed user message ("Your answer is incorrect. Please try
+again.") and the model answers again, for at most ``max_turns`` answers.
+
+Select it with ``rollout.workflow=areal_trainer.rollout.multiturn.MultiTurnWorkflow`` and set its
+keyword arguments through ``rollout.workflow_kwargs`` (``max_turns``, ``turn_discount``, ``feedback``).
+
+Episodes. Each of the ``gconfig.n_samples`` samples of a prompt is an independent episode. Turn
+``k`` of every still-active episode of the whole batch is sampled in one batched
+``engine.generate`` call. An episode ends when an answer earns a positive reward, after
+``max_turns`` answers, or when the next turn's prompt plus ``gconfig.max_new_tokens`` would exceed
+``gconfig.max_tokens``.
+
+Reward. The reward of the last answer ``r``, discounted once per extra turn when it is positive:
+``r * turn_discount ** (num_turns - 1)``, so a right first answer is worth most. A non-positive
+reward is kept as is (discounting a negative reward would favour more turns).
+
+Rows. One trajectory row per episode, token-aligned (``rollout/batch.py``)::
+
+    prompt | answer 0 | feedback 1 | answer 1 | ... | answer n-1
+    loss_mask:  0 | 1 | 0 | 1 | ... | 1       (model outputs only)
+    turn_ids:  -1 | 0 | -1 | 1 | ... | n-1    (int32; -1 on prompt, feedback and padding)
+    logprobs:   0 | behaviour logprobs of the sampled tokens | ...
+
+``is_truncated`` is set when the last answer hit ``max_new_tokens`` without a stop token;
+``num_turns`` ``[G]`` (float) counts the answers.
+
+Chat template. The prompt is the chat-template rendering of the sample's messages with the
+generation prompt. The model's answers are kept exactly as sampled, including the stop token they
+end with. A feedback segment is the template's text between an assistant message's content and the
+next assistant message's content: the end of the assistant turn, the rendered user message and the
+opening of the next assistant turn, tokenized on its own. When the answer ends with the token the
+feedback segment starts with (the template's end-of-turn token is the tokenizer's EOS, as for Qwen
+and other ChatML models: ``<|im_end|>``), that token is dropped from the feedback segment, so the
+row is exactly the template's rendering of the whole conversation. When the stop token differs
+(the built-in tokenizer stops with ``<eos>`` and closes turns with ``<|im_end|>``), the row is the
+template's rendering with the model's stop token kept after each answer's content. A truncated
+answer (no stop token) is followed by the full feedback segment.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from ..config.schema import GenerationHyperparameters
+from ..errors import UserError
+from .batch import make_row, stack_rows
+from .workflow import prompt_ids
+
+DEFAULT_FEEDBACK = "Your answer is incorrect. Please try again."
+_SENTINEL = "\x00assistant-answer\x00"
+"""Stands in for an answer's content when rendering the template to find the feedback text."""
+
+
+@dataclass
+class Episode:
+    """One sampled conversation of one prompt.
+
+    Attributes:
+        sample: index of its prompt in the rollout's ``samples``.
+        segments: ``(tokens, trainable, logprobs, turn_id)`` pieces of its row, in order.
+        context: every token so far (the prompt of its next turn).
+        rewards: the raw reward of each answer.
+        truncated: whether the latest answer hit ``max_new_tokens`` without a stop token.
+        active: whether it takes another turn.
+    """
+
+    sample: int
+    segments: list[tuple[list[int], bool, list[float] | None, int]]
+    context: list[int]
+    rewards: list[float] = field(default_factory=list)
+    truncated: bool = False
+    active: bool = True
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.rewards)
+
+
+class MultiTurnWorkflow:
+    """Multi-turn answering with "try again" feedback after every wrong answer.
+
+    Args:
+        engine: rollout engine with ``generate(prompts, gconfig) -> list[Generation]`` and ``version``.
+        tokenizer: the policy's tokenizer (with a chat template).
+        reward: ``(prompts, completions, answers) -> (rewards, n_errors)``.
+        max_turns: most answers per episode (>= 1; 1 is single-turn answering).
+        turn_discount: factor in (0, 1] applied to a positive reward once per extra turn.
+        feedback: content of the user message sent after a wrong answer.
+    """
+
+    def __init__(self, *, engine, tokenizer, reward, max_turns: int = 2, turn_discount: float = 0.9,
+                 feedback: str = DEFAULT_FEEDBACK):
+        if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
+            raise UserError(f"rollout.workflow_kwargs.max_turns: got {max_turns!r}; must be an integer >= 1.")
+        if (isinstance(turn_discount, bool) or not isinstance(turn_discount, (int, float))
+                or not math.isfinite(turn_discount) or not 0 < turn_discount <= 1):
+            raise UserError(f"rollout.workflow_kwargs.turn_discount: got {turn_discount!r}; must be a number in (0, 1].")
+        if not isinstance(feedback, str) or not feedback.strip():
+            raise UserError(f"rollout.workflow_kwargs.feedback: got {feedback!r}; must be a non-empty string.")
+        self.engine, self.tokenizer, self.reward = engine, tokenizer, reward
+        self.max_turns, self.turn_discount, self.feedback = max_turns, float(turn_discount), feedback
+        self.reward_errors = 0
+
+    # -- chat template ----------------------------------------------------------------------------
+    def feedback_text(self, messages: list[dict]) -> str:
+        """Template text between an answer's content and the next answer's content, after ``messages``."""
+        conversation = [*messages, {"role": "assistant", "content": _SENTINEL}, {"role": "user", "content": self.feedback}]
+        text = self.tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+        if text.count(_SENTINEL) != 1:
+            raise UserError("MultiTurnWorkflow: the tokenizer's chat template does not render an assistant message's "
+                            "content verbatim, so the feedback turn cannot be placed after the model's answer.")
+        return text[text.index(_SENTINEL) + len(_SENTINEL):]
+
+    def feedback_ids(self, messages: list[dict]) -> list[int]:
+        """Token ids of ``feedback_text(messages)``."""
+        return self.tokenizer(self.feedback_text(messages), add_special_tokens=False).input_ids
+
+    @staticmethod
+    def joined_feedback(feedback: list[int], output_ids: list[int], truncated: bool) -> list[int]:
+        """The feedback tokens to append after an answer, without repeating its end-of-turn token."""
+        if not truncated and output_ids and feedback and output_ids[-1] == feedback[0]:
+            return feedback[1:]
+        return feedback
+
+    def episode_reward(self, episode: Episode) -> float:
+        """The last answer's reward, discounted per extra turn when positive."""
+        r = episode.rewards[-1]
+        return r * self.turn_discount ** (episode.num_turns - 1) if r > 0 else r
+
+    # -- rollout ----------------------------------------------------------------------------------
+    def rollout(self, samples: list[dict], gconfig: GenerationHyperparameters) -> list[dict[str, torch.Tensor]]:
+        """One group per sample: ``[G, L]`` rows (``G = gconfig.n_samples``), ``rewards``,
+        ``is_truncated`` and ``num_turns`` ``[G]``."""
+        g = gconfig.n_samples
+        prompts = [prompt_ids(self.tokenizer, s["messages"]) for s in samples]
+        feedback = [self.feedback_ids(s["messages"]) for s in samples] if self.max_turns > 1 else [[] for _ in samples]
+        questions = [s["messages"][-1]["content"] for s in samples]
+        episodes = [Episode(i, [(prompts[i], False, None, -1)], list(prompts[i])) for i in range(len(samples))
+                    for _ in range(g)]
+        for turn in range(self.max_turns):
+            active = [e for e in episodes if e.active]
+            if not active:
+                break
+            gens = self.engine.generate([e.context for e in active], gconfig)
+            texts = [self.tokenizer.decode(x.output_ids, skip_special_tokens=True) for x in gens]
+            rewards, errors = self.reward([questions[e.sample] for e in active], texts,
+                                          [samples[e.sample]["answer"] for e in active])
+            self.reward_errors += errors
+            for e, x, r in zip(active, gens, rewards):
+                self._advance(e, x, float(r), turn, feedback[e.sample], gconfig)
+        return [self._group(episodes[i * g:(i + 1) * g]) for i in range(len(samples))]
+
+    def _advance(self, e: Episode, gen, reward: float, turn: int, feedback: list[int],
+                 gconfig: GenerationHyperparameters) -> None:
+        """Record answer ``turn`` of ``e``; append the feedback when the episode goes on."""
+        e.segments.append((list(gen.output_ids), True, list(gen.logprobs), turn))
+        e.context += gen.output_ids
+        e.rewards.append(reward)
+        e.truncated = bool(gen.truncated)
+        e.active = False
+        if reward > 0 or turn + 1 >= self.max_turns:
+            return
+        env = self.joined_feedback(feedback, gen.output_ids, gen.truncated)
+        if len(e.context) + len(env) + gconfig.max_new_tokens > gconfig.max_tokens:
+            return
+        e.segments.append((env, False, None, -1))
+        e.context += env
+        e.active = True
+
+    def _group(self, episodes: list[Episode]) -> dict[str, torch.Tensor]:
+        group = stack_rows([make_row(e.segments, self.engine.version) for e in episodes])
+        group["rewards"] = torch.tensor([self.episode_reward(e) for e in episodes], dtype=torch.float32)
+        group["is_truncated"] = torch.tensor([e.truncated for e in episodes])
+        group["num_turns"] = torch.tensor([float(e.num_turns) for e in episodes])
+        return group

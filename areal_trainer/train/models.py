@@ -1,0 +1,52 @@
+"""The models besides the policy: the frozen reference policy (for the KL penalty) and the PPO
+critic. Both start from the policy as it is when RL begins (after any warm start) when their
+``path`` is the actor's, and from their own ``path`` otherwise; a resumed run reloads them from
+the checkpoint.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import torch
+
+from ..config.schema import TrainerConfig
+from ..model.critic import ValueModel
+from ..model.load import load_causal_lm
+
+
+def build_ref(cfg: TrainerConfig, actor: torch.nn.Module, tokenizer, device: torch.device,
+              resume_dir: str | None) -> torch.nn.Module | None:
+    """A frozen reference policy when ``actor.kl_ctl > 0`` (config validation ensures ``ref`` is set)."""
+    if cfg.actor.kl_ctl <= 0 or cfg.ref is None:
+        return None
+    if resume_dir and os.path.isdir(os.path.join(resume_dir, "ref")):
+        ref = load_causal_lm(os.path.join(resume_dir, "ref"), tokenizer=tokenizer, dtype=cfg.ref.dtype,
+                             device=device, seed=cfg.seed, key="ref.path")
+    elif cfg.ref.path == cfg.actor.path:
+        ref = copy.deepcopy(actor)
+    else:
+        ref = load_causal_lm(cfg.ref.path, tokenizer=tokenizer, dtype=cfg.ref.dtype, device=device, seed=cfg.seed,
+                             key="ref.path")
+    ref.eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref
+
+
+def build_critic(cfg: TrainerConfig, actor: torch.nn.Module, tokenizer, device: torch.device,
+                 resume_dir: str | None) -> ValueModel | None:
+    if cfg.critic is None:
+        return None
+    if resume_dir:
+        critic = ValueModel.from_pretrained(os.path.join(resume_dir, "critic"))
+    elif cfg.critic.path == cfg.actor.path:
+        critic = ValueModel.from_causal_lm(copy.deepcopy(actor))
+    else:
+        lm = load_causal_lm(cfg.critic.path, tokenizer=tokenizer, dtype=cfg.critic.dtype, device=device,
+                            seed=cfg.seed, key="critic.path")
+        critic = ValueModel.from_causal_lm(lm)
+    if cfg.critic.gradient_checkpointing:
+        critic.gradient_checkpointing_enable()
+    return critic.to(device)

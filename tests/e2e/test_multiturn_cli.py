@@ -1,0 +1,51 @@
+"""The multi-turn workflow through the real command line: turn-level GAE runs end to end."""
+
+import json
+import os
+
+from .helpers import ROOT, cli
+
+WORKFLOW = "rollout.workflow=areal_trainer.rollout.multiturn.MultiTurnWorkflow"
+EXAMPLE_DIR = os.path.join(ROOT, "examples", "multi_turn")
+
+
+def _records(run_dir) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _check_run(run_dir, max_turns: int) -> None:
+    steps = [r for r in _records(run_dir) if r["step"] >= 1 and "reward/task" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    for r in steps:
+        assert 1.0 <= r["rollout/num_turns"] <= max_turns
+        assert r["rollout/rows"] == 4.0  # tiny: 2 prompts x 2 samples, one row per episode
+    assert any("eval/accuracy" in r for r in _records(run_dir))
+
+
+def test_multiturn_turn_unit(tmp_path):
+    proc = cli(["--config-name", "grpo", "+scale=tiny", WORKFLOW, "actor.gae_timestep_unit=turn", "trial_name=mt"],
+               cwd=tmp_path)
+    _check_run(tmp_path / "outputs" / "grpo" / "mt", max_turns=2)
+    assert "held-out accuracy" in proc.stdout
+
+
+def test_multiturn_turn_gae_estimator_dynamic_lambda(tmp_path):
+    cli(["--config-name", "grpo", "+scale=tiny", WORKFLOW, "actor.advantage.estimator.implementation=turn_gae",
+         "actor.gae_lambda=areal_trainer.advantage.lambda_fn.relative_position_gae_lambda",
+         "+actor.gae_lambda_kwargs={q: 0.5}", "+rollout.workflow_kwargs={max_turns: 3, turn_discount: 0.8}",
+         "trial_name=mt"], cwd=tmp_path)
+    _check_run(tmp_path / "outputs" / "grpo" / "mt", max_turns=3)
+
+
+def test_example_config_composes(tmp_path):
+    out = cli(["--config-dir", EXAMPLE_DIR, "--config-name", "multi_turn", "rollout.workflow_kwargs.max_turns=3",
+               "--cfg", "job"], cwd=tmp_path).stdout
+    assert "workflow: areal_trainer.rollout.multiturn.MultiTurnWorkflow" in out
+    assert "max_turns: 3" in out and "turn_discount: 0.9" in out
+    assert "gae_timestep_unit: turn" in out and "relative_position_gae_lambda" in out and "q: 0.5" in out
+
+
+def test_unknown_workflow_kwarg_fails_fast(tmp_path):
+    proc = cli(["--config-name", "grpo", WORKFLOW, "+rollout.workflow_kwargs.max_turn=3"], cwd=tmp_path, check=False)
+    assert proc.returncode != 0 and "max_turn" in proc.stderr and "Accepted keyword arguments" in proc.stderr
+    assert "Traceback" not in proc.stderr

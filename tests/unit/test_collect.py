@@ -1,0 +1,52 @@
+"""Batch collection with DAPO's dynamic sampling: fixed batch size keeps sampling, dynamic_bs does
+not, and an unsatisfiable filter fails with a clear error after the bounded number of rounds."""
+
+import pytest
+import torch
+
+from areal_trainer.data.loader import PromptLoader
+from areal_trainer.errors import UserError
+from areal_trainer.rollout.filters import has_reward_variance
+from areal_trainer.train.collect import collect_groups
+
+
+class FakeWorkflow:
+    """Prompt i gets rewards [1, 0] when i is even (mixed) and [1, 1] when odd (uniform)."""
+
+    def rollout(self, samples, gconfig):
+        return [{"rewards": torch.tensor([1.0, float(s % 2)]), "id": torch.tensor([s])} for s in samples]
+
+
+def _loader():
+    return PromptLoader(list(range(100)), 4, shuffle=False, drop_last=True, seed=0)
+
+
+def test_has_reward_variance():
+    assert has_reward_variance({"rewards": torch.tensor([0.0, 1.0])})
+    assert not has_reward_variance({"rewards": torch.tensor([1.0, 1.0])})
+
+
+def test_fixed_batch_size_keeps_sampling_until_full():
+    groups, m = collect_groups(_loader(), FakeWorkflow(), None, batch_size=4, accept=has_reward_variance,
+                               dynamic_bs=False, max_rounds=8)
+    assert [int(g["id"]) for g in groups] == [0, 2, 4, 6]
+    # rounds ask for 4, then the 2 still missing, then 1: prompts 0..6, none skipped
+    assert m["rollout/sampled_groups"] == 7 and m["rollout/accept_rate"] == 4 / 7
+
+
+def test_dynamic_bs_trains_on_one_round():
+    groups, m = collect_groups(_loader(), FakeWorkflow(), None, batch_size=4, accept=has_reward_variance,
+                               dynamic_bs=True, max_rounds=8)
+    assert [int(g["id"]) for g in groups] == [0, 2] and m["rollout/sampled_groups"] == 4
+
+
+def test_dynamic_bs_with_nothing_accepted_returns_empty():
+    groups, m = collect_groups(_loader(), FakeWorkflow(), None, batch_size=4, accept=lambda g: False,
+                               dynamic_bs=True, max_rounds=2)
+    assert groups == [] and m["rollout/sampled_groups"] == 8 and m["reward/sampled"] == 0.75
+
+
+def test_unsatisfiable_filter_fails_clearly():
+    with pytest.raises(UserError, match="max_sampling_rounds=3"):
+        collect_groups(_loader(), FakeWorkflow(), None, batch_size=4, accept=lambda g: False, dynamic_bs=False,
+                       max_rounds=3)
