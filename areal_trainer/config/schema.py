@@ -83,7 +83,9 @@ class RolloutConfig(Checked):
     """How trajectories are produced: the inference backend, the workflow, and group filtering."""
 
     backend: str = "hf"
-    """``hf`` (transformers generate, works everywhere)."""
+    """``hf`` (transformers generate, works everywhere) or ``vllm`` (optional extra; colocated engine)."""
+    vllm_kwargs: Dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments for ``vllm.LLM`` (e.g. ``gpu_memory_utilization``, ``enforce_eager``)."""
     workflow: str = "areal_trainer.rollout.workflow.RLVRWorkflow"
     """Import path of the workflow class that turns one prompt into trajectories."""
     workflow_kwargs: Dict[str, Any] = field(default_factory=dict)
@@ -98,7 +100,7 @@ class RolloutConfig(Checked):
     """Accepted for AReaL compatibility; rollouts here are synchronous (always on-policy)."""
 
     def check(self, key: str) -> list[str]:
-        p = one_of(f"{key}.backend", self.backend, ("hf",))
+        p = one_of(f"{key}.backend", self.backend, ("hf", "vllm"))
         if self.max_sampling_rounds < 1:
             p.append(f"{key}.max_sampling_rounds: got {self.max_sampling_rounds}; must be >= 1.")
         return p

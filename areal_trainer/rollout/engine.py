@@ -59,6 +59,9 @@ class HFEngine:
         self.batch_size = batch_size
         self.version = 0
 
+    def update_weights(self, model) -> None:
+        """Nothing to do: this backend samples from the trained model object itself."""
+
     def stop_ids(self, gconfig: GenerationHyperparameters) -> list[int]:
         ids = [self.tokenizer.eos_token_id, *gconfig.stop_token_ids]
         return sorted({i for i in ids if i is not None})

@@ -23,7 +23,7 @@ from ..model.load import autocast_dtype, load_causal_lm, load_tokenizer, resolve
 from ..plugins import import_object
 from ..reward.runner import RewardRunner
 from ..rollout.batch import concat_groups
-from ..rollout.engine import HFEngine
+from ..rollout.backends import make_engine
 from ..tracking.logger import StatsLogger, read_metrics
 from ..tracking.plot import plot_run
 from . import checkpoint as ckpt
@@ -71,8 +71,7 @@ class RLTrainer:
                                     seed=cfg.seed, init_from_scratch=cfg.actor.init_from_scratch and not self.resume_from)
         if cfg.actor.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
-        self.engine = HFEngine(self.model, self.tokenizer, device=self.device, autocast_dtype=self.autocast,
-                             batch_size=cfg.rollout.generation_batch_size)
+        self.engine = make_engine(cfg, self.model, self.tokenizer, device=self.device, autocast_dtype=self.autocast)
         reward = RewardRunner(import_object(cfg.reward.fn, "reward.fn"), name=cfg.reward.fn, kwargs=cfg.reward.kwargs,
                               error_value=cfg.reward.error_value, max_error_fraction=cfg.reward.max_error_fraction)
         self.workflow = import_object(cfg.rollout.workflow, "rollout.workflow")(
@@ -209,6 +208,7 @@ class RLTrainer:
             self.critic_scheduler.step()
             metrics.update(cmetrics)
         self.engine.version += 1
+        self.engine.update_weights(self.model)
         t4 = time.time()
         self.consecutive_skips = self.consecutive_skips + 1 if skipped == a.ppo_n_minibatches else 0
         tokens = float(data["attention_mask"].sum())
@@ -227,6 +227,7 @@ class RLTrainer:
         log = StatsLogger(self.run_dir, self.cfg, resume_step=self.step if self.resume_from else None)
         if not self.resume_from:
             self.warm_start(log)
+            self.engine.update_weights(self.model)
             self._build_aux_models()
             if self.cfg.evaluator.eval_before_train:
                 log.log(0, self._evaluate())
