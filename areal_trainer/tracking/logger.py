@@ -54,3 +54,13 @@ class StatsLogger:
 def read_metrics(path: str) -> list[dict]:
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+class NullLogger:
+    """The logger of non-main processes: metrics are written once, by the main process."""
+
+    def log(self, step: int, metrics: dict) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

@@ -16,6 +16,7 @@ from ..advantage.stages import resolve_advantage
 from ..config.schema import TrainerConfig
 from ..data.datasets import build_samples
 from ..data.loader import PromptLoader
+from ..dist import init_distributed
 from ..errors import UserError
 from ..loss import bind_policy_loss
 from ..model.builtin import is_builtin
@@ -24,7 +25,7 @@ from ..plugins import import_object
 from ..reward.runner import RewardRunner
 from ..rollout.batch import concat_groups
 from ..rollout.backends import make_engine
-from ..tracking.logger import StatsLogger, read_metrics
+from ..tracking.logger import NullLogger, StatsLogger, read_metrics
 from ..tracking.plot import plot_run
 from . import checkpoint as ckpt
 from .collect import collect_groups
@@ -58,7 +59,11 @@ class RLTrainer:
     def __init__(self, cfg: TrainerConfig, run_dir: str):
         self.cfg, self.run_dir = cfg, run_dir
         seed_everything(cfg.seed)
-        self.device = resolve_device(cfg.device)
+        self.dist, device = init_distributed(cfg.device)
+        self.device = device or resolve_device(cfg.device)
+        if cfg.train_dataset.batch_size % self.dist.world_size:
+            raise UserError(f"train_dataset.batch_size={cfg.train_dataset.batch_size} (prompts per step, global) must be "
+                            f"divisible by the {self.dist.world_size} processes.")
         self.autocast = autocast_dtype(cfg.actor.dtype, self.device)
         self.resume_from = self._resume_checkpoint()
         self.tokenizer = load_tokenizer(cfg.tokenizer_path or cfg.actor.path,
@@ -80,12 +85,15 @@ class RLTrainer:
         self.advantage_fn = resolve_advantage(cfg.actor)
         self.loss_fn = bind_policy_loss(cfg.actor)
         self.loader = PromptLoader(self.train_samples, cfg.train_dataset.batch_size, shuffle=cfg.train_dataset.shuffle,
-                                   drop_last=cfg.train_dataset.drop_last, seed=cfg.seed)
+                                   drop_last=cfg.train_dataset.drop_last, seed=cfg.seed, rank=self.dist.rank,
+                                   world_size=self.dist.world_size)
         total = cfg.total_train_epochs * self.loader.steps_per_epoch
         self.total_steps = min(total, cfg.total_train_steps) if cfg.total_train_steps else total
         self.optimizer = build_optimizer(self.model.parameters(), cfg.actor.optimizer)
         self.scheduler = build_scheduler(self.optimizer, cfg.actor.optimizer, self.total_steps)
         self.ref = self.critic = self.critic_optimizer = self.critic_scheduler = None
+        self.sum_fn = self.dist.sum_fn()
+        self.sync_grads = self.dist.sync_gradients if self.dist.enabled else None
         self.step, self.consecutive_skips = 0, 0
         self.last_save = self.last_eval = time.time()
 
@@ -118,7 +126,7 @@ class RLTrainer:
         if self.critic is not None:
             self.critic_optimizer.load_state_dict(state["critic_optimizer"])
             self.critic_scheduler.load_state_dict(state["critic_scheduler"])
-        ckpt.set_rng_state(state["rng"])
+        ckpt.set_rng_state(state["rng"][self.dist.rank] if isinstance(state["rng"], list) else state["rng"])
 
     def _save(self) -> str:
         state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
@@ -132,24 +140,29 @@ class RLTrainer:
         if self.ref is not None:
             models["ref"] = self.ref  # the policy as RL began; not reloadable from a path after a warm start
         self.last_save = time.time()
+        rng = self.dist.gather_objects(ckpt.rng_state())
+        if not self.dist.is_main:
+            return ""
         return ckpt.save_checkpoint(self.run_dir, self.step, models=models, tokenizer=self.tokenizer,
-                                    state=state, keep_last=self.cfg.saver.keep_last)
+                                    state={**state, "rng": rng}, keep_last=self.cfg.saver.keep_last)
 
     # -- schedule ---------------------------------------------------------------------------------
     def _due(self, freq, last: float) -> bool:
         epoch_end = self.step % self.loader.steps_per_epoch == 0
-        return bool((freq.freq_steps and self.step % freq.freq_steps == 0)
-                    or (freq.freq_epochs and epoch_end and (self.step // self.loader.steps_per_epoch) % freq.freq_epochs == 0)
-                    or (freq.freq_secs and time.time() - last >= freq.freq_secs))
+        due = bool((freq.freq_steps and self.step % freq.freq_steps == 0)
+                   or (freq.freq_epochs and epoch_end and (self.step // self.loader.steps_per_epoch) % freq.freq_epochs == 0)
+                   or (freq.freq_secs and time.time() - last >= freq.freq_secs))
+        return self.dist.any(due)  # clocks differ between processes; decide together
 
     def _evaluate(self) -> dict[str, float]:
         if self.valid_samples is None:
             return {}
         t0 = time.time()
-        out = evaluate(self.workflow, self.valid_samples, self.cfg.eval_gconfig, self.cfg.valid_dataset.batch_size)
+        mine = self.valid_samples[self.dist.rank::self.dist.world_size]
+        out = evaluate(self.workflow, mine, self.cfg.eval_gconfig, self.cfg.valid_dataset.batch_size)
         self.last_eval = time.time()
         out["time/eval"] = self.last_eval - t0
-        return out
+        return self.dist.reduce_metrics(out)
 
     # -- the loop ---------------------------------------------------------------------------------
     def warm_start(self, log: StatsLogger) -> None:
@@ -179,9 +192,11 @@ class RLTrainer:
     def train_step(self) -> dict[str, float]:
         cfg, a = self.cfg, self.cfg.actor
         t0 = time.time()
-        groups, metrics = collect_groups(self.loader, self.workflow, cfg.gconfig, batch_size=cfg.train_dataset.batch_size,
-                                         accept=self.accept, dynamic_bs=cfg.dynamic_bs,
-                                         max_rounds=cfg.rollout.max_sampling_rounds)
+        world = self.dist.world_size
+        groups, metrics = collect_groups(
+            self.loader, self.workflow, cfg.gconfig, batch_size=cfg.train_dataset.batch_size // world,
+            accept=self.accept, dynamic_bs=cfg.dynamic_bs, max_rounds=cfg.rollout.max_sampling_rounds,
+            world_size=world, reduce_max=lambda x: int(self.dist.all_reduce(torch.tensor(x), "max")))
         if not groups:  # dynamic_bs and no prompt group passed the filter: nothing to train on
             return {**metrics, "reward/task": metrics["reward/sampled"], "update/skipped_empty_batch": 1.0,
                     "time/step": time.time() - t0}
@@ -197,14 +212,19 @@ class RLTrainer:
         if self.critic is not None:
             data["values"] = batched_values(self.critic, data, mb_spec=cfg.critic.mb_spec, autocast_dtype=self.autocast)
         t2 = time.time()
-        adv = compute_advantage(self.advantage_fn, data, a, sizes)
+        adv = compute_advantage(self.advantage_fn, data, a, sizes, all_reduce=self.sum_fn)
+        # Every process must run the same number of optimizer steps.
+        rows = int(self.dist.all_reduce(torch.tensor(len(data["rewards"])), "min"))
         t3 = time.time()
         upd, skipped = policy_update(self.model, self.optimizer, training_batch(data, adv), loss_fn=self.loss_fn,
-                                     actor_cfg=a, version=self.engine.version, autocast_dtype=self.autocast)
+                                     actor_cfg=a, version=self.engine.version, autocast_dtype=self.autocast,
+                                     all_reduce=self.sum_fn, sync_grads=self.sync_grads,
+                                     n_minibatches=min(a.ppo_n_minibatches, rows))
         self.scheduler.step()
         if self.critic is not None:
             cmetrics, _ = critic_update(self.critic, self.critic_optimizer, data, adv, critic_cfg=cfg.critic,
-                                        autocast_dtype=self.autocast)
+                                        autocast_dtype=self.autocast, all_reduce=self.sum_fn,
+                                        sync_grads=self.sync_grads, n_minibatches=min(cfg.critic.ppo_n_minibatches, rows))
             self.critic_scheduler.step()
             metrics.update(cmetrics)
         self.engine.version += 1
@@ -224,19 +244,22 @@ class RLTrainer:
         if self.resume_from:
             self._build_aux_models()
             self._restore()
-        log = StatsLogger(self.run_dir, self.cfg, resume_step=self.step if self.resume_from else None)
+        main = self.dist.is_main
+        log = StatsLogger(self.run_dir, self.cfg, resume_step=self.step if self.resume_from else None) if main else NullLogger()
         if not self.resume_from:
             self.warm_start(log)
             self.engine.update_weights(self.model)
             self._build_aux_models()
+            if self.dist.enabled:  # identical initial weights everywhere; different samples per process
+                seed_everything(self.cfg.seed + 10007 * self.dist.rank)
             if self.cfg.evaluator.eval_before_train:
                 log.log(0, self._evaluate())
         bar = tqdm(total=self.total_steps, initial=self.step, desc=f"{self.cfg.algorithm}", dynamic_ncols=True,
-                   disable=not self.cfg.stats_logger.progress_bar)
+                   disable=not (self.cfg.stats_logger.progress_bar and main))
         last: dict[str, float] = {}
         try:
             while self.step < self.total_steps:
-                metrics = self.train_step()
+                metrics = self.dist.reduce_metrics(self.train_step())
                 self.step += 1
                 if self.consecutive_skips >= self.cfg.actor.max_consecutive_nonfinite_steps:
                     found = ckpt.latest_checkpoint(self.run_dir)
@@ -256,7 +279,7 @@ class RLTrainer:
         finally:
             bar.close()
             log.close()
-        return self._summary(last)
+        return self._summary(last) if main else {}
 
     def _summary(self, last: dict[str, float]) -> dict[str, float]:
         records = read_metrics(log_path := os.path.join(self.run_dir, "metrics.jsonl"))
@@ -275,4 +298,8 @@ class RLTrainer:
 
 def run(cfg: TrainerConfig, run_dir: str) -> dict[str, float]:
     """Train according to ``cfg``, writing everything into ``run_dir``; returns a summary."""
-    return RLTrainer(cfg, run_dir).train()
+    trainer = RLTrainer(cfg, run_dir)
+    try:
+        return trainer.train()
+    finally:
+        trainer.dist.shutdown()

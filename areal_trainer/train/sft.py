@@ -103,7 +103,7 @@ def store_cached(model, key: str, metrics: dict) -> None:
     with open(os.path.join(tmp, "metrics.json"), "w") as f:
         json.dump(metrics, f)
     final = os.path.join(root, key)
-    if os.path.exists(final):
-        shutil.rmtree(tmp, ignore_errors=True)
-    else:
+    try:
         os.rename(tmp, final)
+    except OSError:  # another process stored the same warm start first
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -41,7 +41,7 @@ def batched_values(critic, batch: dict, *, mb_spec, autocast_dtype) -> torch.Ten
 
 
 def critic_update(critic, optimizer, data: dict, adv: AdvantageResult, *, critic_cfg, autocast_dtype,
-                  all_reduce=None) -> tuple[dict[str, float], int]:
+                  all_reduce=None, sync_grads=None, n_minibatches: int | None = None) -> tuple[dict[str, float], int]:
     """``critic.ppo_n_minibatches`` optimizer steps of the clipped value loss towards ``adv.returns``."""
     batch = {"input_ids": data["input_ids"], "attention_mask": data["attention_mask"], "loss_mask": adv.loss_mask,
              "old_values": data["values"], "returns": adv.returns}
@@ -55,9 +55,9 @@ def critic_update(critic, optimizer, data: dict, adv: AdvantageResult, *, critic
                           normalizer=normalizer)
 
     metrics, skipped = optimizer_steps(
-        batch, model=critic, optimizer=optimizer, n_minibatches=critic_cfg.ppo_n_minibatches,
+        batch, model=critic, optimizer=optimizer, n_minibatches=n_minibatches or critic_cfg.ppo_n_minibatches,
         mb_spec=critic_cfg.mb_spec, grad_clip=critic_cfg.optimizer.gradient_clipping, normalizer_of=normalizer_of,
-        loss_of=loss_of, all_reduce=all_reduce)
+        loss_of=loss_of, all_reduce=all_reduce, sync_grads=sync_grads)
     metrics = {k.replace("update/", "critic/update/"): v for k, v in metrics.items()}
     # How well the values the advantages were computed with predicted the returns (whole batch).
     metrics["critic/explained_variance_before_update"] = float(
@@ -91,7 +91,7 @@ def training_batch(data: dict, adv: AdvantageResult) -> dict[str, torch.Tensor]:
 
 
 def policy_update(model, optimizer, batch: dict, *, loss_fn, actor_cfg, version: int, autocast_dtype,
-                  all_reduce=None) -> tuple[dict[str, float], int]:
+                  all_reduce=None, sync_grads=None, n_minibatches: int | None = None) -> tuple[dict[str, float], int]:
     """``actor.ppo_n_minibatches`` optimizer steps of the policy; returns (metrics, skipped steps)."""
 
     def normalizer_of(sub: dict) -> torch.Tensor:
@@ -109,9 +109,10 @@ def policy_update(model, optimizer, batch: dict, *, loss_fn, actor_cfg, version:
         return result.loss, result.stats
 
     opt_cfg = actor_cfg.optimizer
-    return optimizer_steps(batch, model=model, optimizer=optimizer, n_minibatches=actor_cfg.ppo_n_minibatches,
-                           mb_spec=actor_cfg.mb_spec, grad_clip=opt_cfg.gradient_clipping,
-                           normalizer_of=normalizer_of, loss_of=loss_of, all_reduce=all_reduce)
+    return optimizer_steps(batch, model=model, optimizer=optimizer,
+                           n_minibatches=n_minibatches or actor_cfg.ppo_n_minibatches, mb_spec=actor_cfg.mb_spec,
+                           grad_clip=opt_cfg.gradient_clipping, normalizer_of=normalizer_of, loss_of=loss_of,
+                           all_reduce=all_reduce, sync_grads=sync_grads)
 
 
 def rollout_metrics(data: dict, adv: AdvantageResult) -> dict[str, float]:

@@ -52,7 +52,8 @@ def optimizer_steps(batch: dict[str, torch.Tensor], *, model: torch.nn.Module, o
                     n_minibatches: int, mb_spec: MicroBatchSpec, grad_clip: float,
                     normalizer_of: Callable[[dict], torch.Tensor],
                     loss_of: Callable[[dict, torch.Tensor], tuple[torch.Tensor, dict]],
-                    all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> tuple[dict[str, float], int]:
+                    all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                    sync_grads: Callable[[list], None] | None = None) -> tuple[dict[str, float], int]:
     """Run ``n_minibatches`` optimizer steps over ``batch``; returns (metrics, number of skipped steps).
 
     ``normalizer_of(micro)`` gives a micro-batch's share of the loss normaliser; ``loss_of(micro,
@@ -76,6 +77,8 @@ def optimizer_steps(batch: dict[str, torch.Tensor], *, model: torch.nn.Module, o
             loss.backward()
             total = total + loss.detach()
             micro_stats.append(stats)
+        if sync_grads is not None:
+            sync_grads(params)
         norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
         if not (torch.isfinite(total) and torch.isfinite(norm)):
             optimizer.zero_grad(set_to_none=True)  # weights untouched

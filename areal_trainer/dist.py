@@ -1,0 +1,115 @@
+"""Data-parallel training across processes (``accelerate launch`` or ``torchrun``).
+
+Every rank holds a full copy of the policy, generates for its own slice of each batch of prompts
+(whole prompt groups stay on one rank), and computes its local losses divided by the *global*
+normaliser. Summing the ranks' gradients (one fused all-reduce per optimizer step) then gives
+exactly the gradient of the single-process run on the global batch, and every rank takes the same
+optimizer step. Batch-level statistics (reward and advantage normalisation, loss normalisers,
+metrics) are all-reduced.
+
+On CPU the process group uses gloo. ``accelerate launch --cpu`` starts only one process; use
+``accelerate launch --multi_gpu --num_processes N`` (with no GPU, the processes run on the CPU)
+or ``torchrun --nproc_per_node N``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class DistContext:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def all_reduce(self, t: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        """In-place all-reduce (sum/min/max) of a tensor; the identity in a single process."""
+        if self.enabled:
+            dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[op])
+        return t
+
+    def sum_fn(self):
+        """``t -> all-reduced sum`` for the math modules (None in a single process)."""
+        return (lambda t: self.all_reduce(t.clone())) if self.enabled else None
+
+    def sync_gradients(self, params: list[torch.nn.Parameter]) -> None:
+        """Sum every gradient over the ranks with one flat all-reduce."""
+        if not self.enabled:
+            return
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat)
+        offset = 0
+        for p, g in zip(params, grads):
+            n = g.numel()
+            p.grad = flat[offset: offset + n].view_as(g).clone()
+            offset += n
+
+    def reduce_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Average metrics over ranks (``/min``, ``/max`` and count-like keys reduce accordingly)."""
+        if not self.enabled:
+            return metrics
+        keys = sorted(metrics)
+        gathered: list[dict] = [{} for _ in range(self.world_size)]
+        dist.all_gather_object(gathered, {k: metrics[k] for k in keys})
+        out = {}
+        for k in set().union(*gathered):
+            vals = [g[k] for g in gathered if k in g]
+            if k.endswith("/min"):
+                out[k] = min(vals)
+            elif k.endswith("/max"):
+                out[k] = max(vals)
+            elif k.endswith(("n_valid_tokens", "/normalizer", "accepted_groups", "sampled_groups", "rows", "/count")):
+                out[k] = sum(vals)
+            else:
+                out[k] = sum(vals) / len(vals)
+        return out
+
+    def gather_objects(self, obj) -> list:
+        """Every rank's ``obj``, in rank order (``[obj]`` in a single process)."""
+        if not self.enabled:
+            return [obj]
+        out: list = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def any(self, flag: bool) -> bool:
+        """True on every rank if ``flag`` is true on any rank (keeps collective decisions in step)."""
+        return bool(self.all_reduce(torch.tensor(int(flag)), "max")) if self.enabled else flag
+
+    def barrier(self) -> None:
+        if self.enabled:
+            dist.barrier()
+
+    def shutdown(self) -> None:
+        if self.enabled and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def init_distributed(device_name: str) -> tuple[DistContext, torch.device | None]:
+    """Join the process group started by the launcher, if any; returns the context and the device
+    this rank should use (None: decide from the config as in a single process)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return DistContext(), None
+    rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    use_cuda = torch.cuda.is_available() and device_name != "cpu"
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+    device = torch.device("cuda", local) if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+    return DistContext(rank=rank, world_size=world, local_rank=local), device

@@ -1,0 +1,62 @@
+"""Worker for the data-parallel equality test: one GRPO update on a fixed global batch of 8 rows
+(4 prompt groups of 2). Run alone it uses the whole batch; under a 2-process launcher each rank
+takes 2 groups. It writes the advantages, the summed loss and the parameter change to
+``<out>/rank<r>.pt``."""
+
+import sys
+
+import torch
+
+from areal_trainer.advantage.stages import resolve_advantage
+from areal_trainer.config import load_config
+from areal_trainer.dist import init_distributed
+from areal_trainer.loss import bind_policy_loss
+from areal_trainer.model.builtin import build_model, build_tokenizer
+from areal_trainer.rollout.batch import concat_groups, make_row, stack_rows
+from areal_trainer.train.step import compute_advantage, policy_update, training_batch
+
+
+def global_groups():
+    g = torch.Generator().manual_seed(0)
+    groups = []
+    for k in range(4):
+        rows = []
+        for j in range(2):
+            prompt = torch.randint(10, 800, (5 + k,), generator=g).tolist()
+            out = torch.randint(10, 800, (3 + (k + j) % 4,), generator=g).tolist()
+            lp = (-torch.rand(len(out), generator=g)).tolist()
+            rows.append(make_row([(prompt, False, None, -1), (out, True, lp, 0)], version=0))
+        group = stack_rows(rows)
+        group["rewards"] = torch.tensor([float(k % 2), float(j == 1 and k > 1)]) if k else torch.tensor([1.0, 0.0])
+        group["is_truncated"] = torch.tensor([False, True])
+        groups.append(group)
+    return groups
+
+
+def main(out: str) -> None:
+    ctx, _ = init_distributed("cpu")
+    cfg = load_config("grpo", ["actor.use_decoupled_loss=false", "actor.recompute_logprob=false",
+                               "actor.rejection_sampling=null", "actor.optimizer.gradient_clipping=0",
+                               "actor.ppo_n_minibatches=2"]).actor
+    tok = build_tokenizer()
+    model = build_model("builtin:tiny", tok, seed=0)
+    before = torch.cat([p.detach().reshape(-1).clone() for p in model.parameters()])
+    groups = global_groups()
+    per = len(groups) // ctx.world_size
+    data, sizes = concat_groups(groups[ctx.rank * per:(ctx.rank + 1) * per])
+    adv = compute_advantage(resolve_advantage(cfg), data, cfg, sizes, all_reduce=ctx.sum_fn())
+    batch = training_batch(data, adv)
+    batch["prox_logp"] = batch["old_logp"]
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    metrics, _ = policy_update(model, opt, batch, loss_fn=bind_policy_loss(cfg), actor_cfg=cfg, version=0,
+                               autocast_dtype=None, all_reduce=ctx.sum_fn(),
+                               sync_grads=ctx.sync_gradients if ctx.enabled else None)
+    loss = ctx.all_reduce(torch.tensor(metrics["update/loss"], dtype=torch.float64))
+    delta = torch.cat([p.detach().reshape(-1) for p in model.parameters()]) - before
+    torch.save({"advantages": adv.advantages, "loss_mask": adv.loss_mask, "loss": loss, "delta": delta,
+                "rank": ctx.rank}, f"{out}/rank{ctx.rank}.pt")
+    ctx.shutdown()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
