@@ -23,15 +23,15 @@ from ..model.builtin import is_builtin
 from ..model.load import autocast_dtype, load_causal_lm, load_tokenizer, resolve_device
 from ..plugins import import_object
 from ..reward.runner import RewardRunner
-from ..rollout.batch import concat_groups
 from ..rollout.backends import make_engine
+from ..rollout.batch import concat_groups
 from ..tracking.logger import NullLogger, StatsLogger, read_metrics
 from ..tracking.plot import plot_run
 from . import checkpoint as ckpt
 from .collect import collect_groups
 from .evaluate import evaluate
-from .optim import build_optimizer, build_scheduler
 from .models import build_critic, build_ref
+from .optim import build_optimizer, build_scheduler
 from .sft import load_cached, sft_warmup, store_cached, warmstart_key
 from .step import (
     batched_logprobs,
