@@ -47,6 +47,9 @@ def test_multirun_sweep_two_run_dirs(tmp_path):
     assert runs == ["0-grpo-seed1", "1-rloo-seed1"]
     for r in runs:
         assert (tmp_path / "sweep" / r / "metrics.jsonl").stat().st_size > 0
+    table = (tmp_path / "sweep" / "comparison.md").read_text()
+    assert "| grpo | 1 |" in table and "| rloo | 1 |" in table
+    assert (tmp_path / "sweep" / "comparison.png").stat().st_size > 1000
 
 
 def test_bad_reward_path_and_model_path(tmp_path):

@@ -1,0 +1,124 @@
+"""Compare the runs of a sweep: a table (held-out accuracy before/after RL, training reward, time
+per step, per algorithm and seed) and one PNG with every algorithm's reward curve.
+
+Written into the sweep directory as ``comparison.md`` and ``comparison.png`` at the end of every
+``-m`` sweep (a Hydra callback, see ``conf/config.yaml``), or by
+``python scripts/compare_sweep.py <sweep_dir>``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+
+import yaml
+from hydra.experimental.callback import Callback
+
+from .logger import read_metrics
+
+TAIL = 10
+"""Training reward is the mean over the last ``TAIL`` steps (one step is a noisy sample)."""
+
+
+def _run_info(run_dir: str) -> dict | None:
+    metrics = os.path.join(run_dir, "metrics.jsonl")
+    cfg_path = os.path.join(run_dir, ".hydra", "config.yaml")
+    if not (os.path.isfile(metrics) and os.path.isfile(cfg_path)):
+        return None
+    with open(cfg_path) as f:
+        cfg = yaml.safe_load(f)
+    records = read_metrics(metrics)
+    steps = [r for r in records if "reward/task" in r]
+    acc = [r["eval/accuracy"] for r in records if "eval/accuracy" in r]
+    times = [r["time/step"] for r in steps if "time/step" in r]
+    return {
+        "algorithm": cfg.get("algorithm", "?"), "seed": cfg.get("seed"), "dir": os.path.basename(run_dir),
+        "steps": len(steps), "acc_before": acc[0] if acc else None, "acc_after": acc[-1] if len(acc) > 1 else None,
+        "reward_last": sum(r["reward/task"] for r in steps[-TAIL:]) / max(1, len(steps[-TAIL:])) if steps else None,
+        "sec_per_step": sum(times) / len(times) if times else None,
+        "curve": [(r["step"], r["reward/task"]) for r in steps],
+    }
+
+
+def collect(sweep_dir: str) -> list[dict]:
+    runs = []
+    for name in sorted(os.listdir(sweep_dir)):
+        info = _run_info(os.path.join(sweep_dir, name))
+        if info:
+            runs.append(info)
+    return runs
+
+
+def _fmt(x, pct=False) -> str:
+    if x is None:
+        return "-"
+    return f"{100 * x:.1f}%" if pct else f"{x:.3f}"
+
+
+def table(runs: list[dict]) -> str:
+    """Markdown: one row per run, then one row per algorithm with the mean over seeds."""
+    lines = ["| algorithm | seed | held-out acc. before RL | after RL | change (points) | train reward (last 10 steps) | s/step |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    by_algo = defaultdict(list)
+    for r in runs:
+        by_algo[r["algorithm"]].append(r)
+        gain = None if r["acc_after"] is None or r["acc_before"] is None else 100 * (r["acc_after"] - r["acc_before"])
+        lines.append(f"| {r['algorithm']} | {r['seed']} | {_fmt(r['acc_before'], True)} | {_fmt(r['acc_after'], True)} | "
+                     f"{'-' if gain is None else f'{gain:+.1f}'} | {_fmt(r['reward_last'])} | {_fmt(r['sec_per_step'])} |")
+    if any(len(v) > 1 for v in by_algo.values()):
+        lines += ["", "| algorithm | seeds | mean acc. after RL | mean change (points) | mean train reward |", "| --- | --- | --- | --- | --- |"]
+        for algo, rs in by_algo.items():
+            done = [r for r in rs if r["acc_after"] is not None and r["acc_before"] is not None]
+            if not done:
+                continue
+            after = sum(r["acc_after"] for r in done) / len(done)
+            gain = sum(100 * (r["acc_after"] - r["acc_before"]) for r in done) / len(done)
+            rew = sum(r["reward_last"] for r in done) / len(done)
+            lines.append(f"| {algo} | {len(done)} | {100 * after:.1f}% | {gain:+.1f} | {rew:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(runs: list[dict], path: str) -> str:
+    """Reward curves, one line per algorithm (mean over seeds, moving average of 10 steps)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by_algo = defaultdict(list)
+    for r in runs:
+        if r["curve"]:
+            by_algo[r["algorithm"]].append(dict(r["curve"]))
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for algo, curves in sorted(by_algo.items()):
+        steps = sorted(set.intersection(*(set(c) for c in curves)))
+        mean = [sum(c[s] for c in curves) / len(curves) for s in steps]
+        smooth = [sum(mean[max(0, i - 9): i + 1]) / len(mean[max(0, i - 9): i + 1]) for i in range(len(mean))]
+        ax.plot(steps, smooth, label=f"{algo} (n={len(curves)})")
+    ax.set(xlabel="step", ylabel="training reward (moving avg of 10)", title="reward by algorithm")
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def summarize(sweep_dir: str) -> tuple[str, str | None]:
+    """Write ``comparison.md`` and ``comparison.png`` into ``sweep_dir``; returns (table, png path)."""
+    runs = collect(sweep_dir)
+    md = table(runs)
+    with open(os.path.join(sweep_dir, "comparison.md"), "w") as f:
+        f.write(md)
+    png = plot(runs, os.path.join(sweep_dir, "comparison.png")) if runs else None
+    return md, png
+
+
+class SweepSummary(Callback):
+    """Hydra callback: summarise a ``-m`` sweep when it ends."""
+
+    def on_multirun_end(self, config, **kwargs) -> None:
+        sweep_dir = config.hydra.sweep.dir
+        if os.path.isdir(sweep_dir):
+            md, png = summarize(sweep_dir)
+            print(md)
+            print(f"comparison written to {sweep_dir}/comparison.md and {png}")
