@@ -13,6 +13,8 @@ import os
 import torch
 from torch import nn
 
+from ..train.packing import real_token_hidden, unpack
+
 HEAD_FILE = "value_head.pt"
 
 
@@ -30,16 +32,23 @@ class ValueModel(nn.Module):
         return cls(lm.base_model, lm.config.hidden_size)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                autocast_dtype: torch.dtype | None = None) -> torch.Tensor:
-        """``[B, S]`` float32 values (0 at padding)."""
+                autocast_dtype: torch.dtype | None = None, *, packing: bool | None = None,
+                max_pack_tokens: int | None = None) -> torch.Tensor:
+        """``[B, S]`` float32 values (0 at padding) of a right-padded ``[B, S]`` batch.
+
+        The backbone runs only the real tokens, packed (see ``train/packing.py``; ``packing`` None =
+        when supported, True/False = force), or the padded batch as a fallback.
+        """
         ctx = torch.autocast(input_ids.device.type, autocast_dtype) if autocast_dtype else contextlib.nullcontext()
         with ctx:
-            hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+            hidden = real_token_hidden(self.backbone, input_ids, attention_mask, packing=packing,
+                                       max_pack_tokens=max_pack_tokens)  # [N, H]
             values = self.value_head(hidden).squeeze(-1).float()
-        return values * attention_mask.to(values.dtype)
+        return unpack(values, attention_mask)
 
     def gradient_checkpointing_enable(self) -> None:
-        self.backbone.gradient_checkpointing_enable()
+        b = self.backbone
+        getattr(b, "activation_checkpointing_enable", b.gradient_checkpointing_enable)()
 
     def save_pretrained(self, path: str) -> None:
         self.backbone.save_pretrained(path)

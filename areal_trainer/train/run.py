@@ -75,7 +75,7 @@ class RLTrainer:
         self.model = load_causal_lm(path, tokenizer=self.tokenizer, dtype=cfg.actor.dtype, device=self.device,
                                     seed=cfg.seed, init_from_scratch=cfg.actor.init_from_scratch and not self.resume_from)
         if cfg.actor.gradient_checkpointing:
-            self.model.gradient_checkpointing_enable()
+            getattr(self.model, "activation_checkpointing_enable", self.model.gradient_checkpointing_enable)()
         self.engine = make_engine(cfg, self.model, self.tokenizer, device=self.device, autocast_dtype=self.autocast)
         reward = RewardRunner(import_object(cfg.reward.fn, "reward.fn"), name=cfg.reward.fn, kwargs=cfg.reward.kwargs,
                               error_value=cfg.reward.error_value, max_error_fraction=cfg.reward.max_error_fraction)

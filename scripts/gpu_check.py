@@ -1,0 +1,123 @@
+"""GPU throughput check: a few GRPO steps of a Qwen2.5-shaped model with random weights (no download)
+through the real trainer, with the HF rollout backend; writes tokens/s, step time, peak memory and
+the model-FLOPs utilisation (MFU) of the update to a JSON file and prints it.
+
+    python scripts/gpu_check.py --shape qwen2.5-1.5b --steps 4 --out gpu_check.json
+    python scripts/gpu_check.py --shape tiny --steps 2 --out /tmp/check.json     # CPU smoke of this script
+
+MFU = 6 * parameters * trained tokens / update time / peak dense bf16 FLOP/s (attention FLOPs
+ignored, so it is a slight underestimate). Any error exits non-zero.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+import torch
+
+SHAPES = {
+    # hidden, layers, heads, kv heads, intermediate, vocab (Qwen2.5 model cards' configs)
+    "qwen2.5-1.5b": dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
+                         intermediate_size=8960, vocab_size=151936),
+    "qwen2.5-0.5b": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                         intermediate_size=4864, vocab_size=151936),
+    "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                 intermediate_size=128, vocab_size=2048),
+}
+PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12}
+
+
+def make_model_dir(shape: str, path: str) -> int:
+    """Write a random-weight Qwen2 model and a matching word-level tokenizer; returns the parameter count."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    from areal_trainer.model.builtin import CHAT_TEMPLATE, SPECIALS, build_tokenizer
+
+    dims = SHAPES[shape]
+    base = build_tokenizer()  # the built-in task's vocabulary, padded with filler tokens to the model's size
+    vocab = dict(base.get_vocab())
+    for i in range(len(vocab), dims["vocab_size"]):
+        vocab[f"<extra_{i}>"] = i
+    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = base.backend_tokenizer.pre_tokenizer
+    tk.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="never")
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>",
+                                  unk_token="<unk>", additional_special_tokens=SPECIALS[4:])
+    tok.chat_template = CHAT_TEMPLATE
+    cfg = Qwen2Config(**dims, max_position_embeddings=4096, tie_word_embeddings=shape != "qwen2.5-1.5b",
+                      pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(cfg)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return sum(p.numel() for p in model.parameters())
+
+
+def peak_flops() -> float | None:
+    if not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name()
+    return next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", default="qwen2.5-1.5b", choices=sorted(SHAPES))
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--samples", type=int, default=4)
+    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--out", default="gpu_check.json")
+    args = ap.parse_args()
+    os.environ.setdefault("WANDB_MODE", "disabled")
+    from areal_trainer.config import load_config
+    from areal_trainer.tracking.logger import read_metrics
+    from areal_trainer.train.run import run
+
+    t0 = time.time()
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = os.path.join(tmp, "model")
+        n_params = make_model_dir(args.shape, model_dir)
+        cfg = load_config("grpo", [
+            f"actor.path={model_dir}", f"total_train_steps={args.steps}", f"train_dataset.batch_size={args.prompts}",
+            f"gconfig.n_samples={args.samples}", f"gconfig.max_new_tokens={args.max_new_tokens}",
+            "gconfig.min_new_tokens=" + str(args.max_new_tokens // 2),  # random weights: keep answers long
+            "sft_warmup.steps=0", "valid_dataset=null", "evaluator.eval_before_train=false", "evaluator.freq_steps=null",
+            "saver.freq_steps=null", "stats_logger.plot=false", "stats_logger.progress_bar=false",
+            "actor.gradient_checkpointing=true", "actor.optimizer.lr=1e-6", f"cluster.fileroot={tmp}",
+        ])
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
+        run(cfg, run_dir=os.path.join(tmp, "run"))
+        records = [r for r in read_metrics(os.path.join(tmp, "run", "metrics.jsonl")) if "time/step" in r]
+    steady = records[1:] or records  # the first step includes CUDA/kernels warm-up
+    mean = lambda k: sum(r[k] for r in steady) / len(steady)  # noqa: E731
+    trained_tokens = mean("actor/n_valid_tokens")
+    seq_tokens = mean("rollout/seq_len") * mean("rollout/rows")
+    flops = peak_flops()
+    result = {
+        "date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "shape": args.shape, "parameters": n_params, "steps": len(records), "prompts": args.prompts,
+        "samples": args.samples, "max_new_tokens": args.max_new_tokens,
+        "step_time_s": mean("time/step"), "rollout_time_s": mean("time/rollout"), "logprob_time_s": mean("time/logprobs"),
+        "update_time_s": mean("time/update"), "tokens_per_s": mean("perf/tokens_per_s"),
+        "generated_tokens_per_s": trained_tokens / mean("time/rollout"),
+        "update_tokens_per_s": seq_tokens / mean("time/update"),
+        "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None,
+        "update_mfu": (6 * n_params * seq_tokens / mean("time/update") / flops) if flops else None,
+        "wall_s": time.time() - t0,
+    }
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=2)
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
