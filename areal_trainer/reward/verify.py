@@ -9,15 +9,20 @@ for the next check. A warning is logged on the first timeout and then every :dat
 A process, not a thread, because some answers make sympy run a single C-level operation that never
 releases the interpreter lock (``\\boxed{9^{9^{9}}}`` computes a number with 370 million digits):
 a thread running it cannot be interrupted, and it would freeze the trainer's own thread as well.
-Killing a process always works. The worker is started with ``spawn`` (never ``fork``: the trainer
-has torch threads running) on the first check that needs it, which takes a second or two.
+Killing a process always works. The worker is a fresh interpreter running this module (never a
+``fork`` of the trainer, which has torch threads running, and never a re-import of the caller's
+``__main__`` script as ``multiprocessing``'s ``spawn`` would do). It starts on the first check
+that needs it, which takes a second or two.
 """
 
 from __future__ import annotations
 
 import logging
-import multiprocessing
+import os
+import subprocess
+import sys
 import threading
+from multiprocessing.connection import Connection, Pipe
 
 logger = logging.getLogger(__name__)
 
@@ -33,8 +38,10 @@ class WorkerError(RuntimeError):
     """The function raised inside the worker, or the worker died while running it."""
 
 
-def _serve(conn) -> None:
-    """Worker process main loop: receive ``(fn, args)``, send back ``("ok", result)`` or ``("error", text)``."""
+def serve(fd: int) -> None:
+    """Worker process main loop on the connection ``fd``: receive ``(fn, args)``, send back
+    ``("ok", result)`` or ``("error", text)``; return when the trainer closes its end."""
+    conn = Connection(fd)
     try:
         import math_verify  # noqa: F401 - warm the import before the first deadline starts
     except ImportError:
@@ -43,7 +50,7 @@ def _serve(conn) -> None:
     while True:
         try:
             fn, args = conn.recv()
-        except (EOFError, OSError):
+        except (EOFError, OSError, KeyboardInterrupt):
             return
         try:
             reply = ("ok", fn(*args))
@@ -56,10 +63,11 @@ def _serve(conn) -> None:
 
 
 class WorkerProcess:
-    """One daemon worker process that runs picklable functions with a per-call deadline.
+    """One worker process that runs picklable functions with a per-call deadline.
 
     Calls are serialised (one at a time). On a timeout the process is killed; the next call starts
-    a new one. Functions travel by reference (module and name), so they must be importable.
+    a new one. Functions travel by reference (module and name), so they must be importable. The
+    worker exits by itself when this process closes its end of the connection (or dies).
     """
 
     def __init__(self, start_timeout: float = START_TIMEOUT, name: str = "areal-math-verify"):
@@ -73,13 +81,19 @@ class WorkerProcess:
     @property
     def pid(self) -> int | None:
         """Process id of the running worker, or None when none is running."""
-        return self._proc.pid if self._proc is not None and self._proc.is_alive() else None
+        return self._proc.pid if self._alive() else None
+
+    def _alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
 
     def _start(self) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        parent, child = ctx.Pipe()
-        proc = ctx.Process(target=_serve, args=(child,), daemon=True, name=self.name)
-        proc.start()
+        parent, child = Pipe()
+        # The child sees the same import path, so functions defined in the caller's modules resolve.
+        paths = [p or os.getcwd() for p in sys.path]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
+        code = "import sys; from areal_trainer.reward.verify import serve; serve(int(sys.argv[1]))"
+        proc = subprocess.Popen([sys.executable, "-c", code, str(child.fileno())], pass_fds=[child.fileno()],
+                                stdin=subprocess.DEVNULL, env=env)
         child.close()
         self._proc, self._conn = proc, parent
         if not parent.poll(self.start_timeout):
@@ -98,15 +112,18 @@ class WorkerProcess:
         if conn is not None:
             conn.close()
         if proc is not None:
-            if proc.is_alive():
+            if proc.poll() is None:
                 proc.kill()
-            proc.join(10)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:  # pragma: no cover - a killed process always exits
+                logger.warning("math-verify worker %d did not exit after SIGKILL", proc.pid)
 
     def run(self, fn, *args, timeout: float | None):
         """``fn(*args)`` in the worker. Raises ``TimeoutError`` after ``timeout`` seconds (None: no
         limit) and ``WorkerError`` when ``fn`` raised or the worker died."""
         with self._lock:
-            if self._proc is None or not self._proc.is_alive():
+            if not self._alive():
                 if self._proc is not None:
                     self.restarts += 1
                     self.stop()
