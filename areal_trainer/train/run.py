@@ -22,6 +22,7 @@ from ..loss import bind_policy_loss
 from ..model.builtin import is_builtin
 from ..model.load import autocast_dtype, load_causal_lm, load_tokenizer, resolve_device
 from ..plugins import import_object
+from ..reward import verify
 from ..reward.runner import RewardRunner
 from ..rollout.backends import make_engine
 from ..rollout.batch import concat_groups
@@ -234,7 +235,8 @@ class RLTrainer:
         tokens = float(data["attention_mask"].sum())
         metrics.update(rollout_metrics(data, adv))
         metrics.update(upd)
-        metrics.update({"rollout/reward_errors": float(self.workflow.reward_errors),
+        metrics.update({"rollout/reward_errors": float(getattr(self.workflow, "reward_errors", 0)),
+                        "reward/verify_timeouts": float(verify.timeouts()),
                         "time/rollout": t1 - t0, "time/logprobs": t2 - t1, "time/advantage": t3 - t2,
                         "time/update": t4 - t3, "time/step": t4 - t0, "perf/tokens_per_s": tokens / max(t4 - t0, 1e-9),
                         "lr": self.scheduler.get_last_lr()[0]})
