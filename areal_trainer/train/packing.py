@@ -1,45 +1,86 @@
-"""Sequence packing for the training forward: run only the real tokens of a right-padded
-micro-batch, without padding, and hand results back per real token.
+"""Sequence packing for the training forward: compute only the real tokens of a right-padded
+micro-batch and hand the results back per real token.
 
-A right-padded ``[B, S]`` micro-batch has ``N = attention_mask.sum()`` real tokens. Packing
-concatenates them into rows ``[1, T]`` ("packs") whose ``position_ids`` restart at 0 at every
-sequence, and calls the model with ``attention_mask=None``:
+A right-padded ``[B, S]`` micro-batch has ``N = attention_mask.sum()`` real tokens. Packing places
+several sequences side by side in one row with ``position_ids`` restarting at 0 at every sequence
+and calls the model with ``attention_mask=None``; transformers then keeps the sequences apart:
 
-* flash-attention implementations (GPU) get ``cu_seq_lens_q/k`` and ``max_length_q/k``, so
-  attention runs varlen per sequence: no padding, no mask, cost ``sum(L_i^2)``;
-* ``sdpa``/``eager``/``flex_attention`` get the block-diagonal causal mask that transformers'
-  ``create_causal_mask`` builds from packed ``position_ids`` (``find_packed_sequence_indices``).
-  That mask is dense: a pack of ``T`` tokens costs ``T^2`` mask memory (bool for sdpa, float for
-  eager) and ``T^2`` attention scores, of which only ``sum(L_i^2)/2`` are used. Packs are
-  therefore capped: a micro-batch is split into several packs of at most ``max_pack_tokens``
-  tokens (default ``min(8192, 2 x longest row)``), which bounds the mask to ``8192^2`` bools
-  (64 MiB) and keeps the wasted attention work at most about that of the padded batch, while every
-  linear layer (most of the FLOPs) sees only real tokens.
+* **flash-attention** (GPU, ``attn_implementation`` containing ``flash``): all real tokens form
+  one row ``[1, N]`` and the attention gets ``cu_seq_lens_q/k`` and ``max_length_q/k`` (so it
+  does not re-derive them from ``position_ids`` in every layer): varlen attention per sequence, no
+  padding, no mask, cost ``sum(L_i^2)``. No cap is needed (memory is linear in ``N``); with
+  ``max_pack_tokens`` set, the rows of the grid below are laid end to end in one ``[1, P x C]`` row.
+* **sdpa / eager / flex_attention**: ``create_causal_mask`` sees packed ``position_ids``
+  (``find_packed_sequence_indices``) and builds a block-diagonal causal mask. That mask is
+  *dense*: a pack row of ``C`` tokens costs ``C^2`` mask memory (bool for sdpa, float for eager)
+  and ``C^2`` attention scores per head, of which only ``sum(L_i^2)/2`` are used. So the packs are
+  rows of at most ``C = max_pack_tokens`` tokens (best-fit decreasing), run as one ``[P, C]``
+  batch; a row that is not full ends in a throw-away filler block. The default ``C`` is 1.5x the
+  micro-batch's longest row, at most 8192 (``DEFAULT_MAX_PACK_TOKENS``, a 64 MiB bool mask per
+  row): rows fill to ~90-97%, so the linear layers (most of the FLOPs) see about ``N`` instead of
+  ``B x S`` tokens, while the mask and attention work (``P x C^2``) stay about those of the padded
+  batch (``B x S^2``). One pack of all ``N`` tokens would make attention ``O(N^2)``: on CPU with
+  the 10M built-in model that is slower than no packing (``scripts/bench_packing.py --widths
+  8192``). A sequence longer than ``C`` gets a row of its own (sequences are never split).
 
-Results come back in *row-major real-token order*, i.e. the order of ``x[attention_mask.bool()]``
-for a padded ``[B, S, ...]`` tensor ``x``; :func:`unpack` scatters them back to ``[B, S, ...]``.
+Results come back in *row-major real-token order*, the order of ``x[attention_mask.bool()]`` for a
+padded ``[B, S, ...]`` tensor ``x``; :func:`unpack` scatters them back to ``[B, S, ...]``.
 
 Whether a model packs correctly is decided per module (:func:`supports_packing`): its attention
 implementation must be one that honours packed ``position_ids``, and a one-off probe (two short
-sequences, packed versus one at a time, eval mode, no grad) must agree. Anything else falls back
-to the ordinary right-padded forward.
+sequences, packed versus one at a time, eval mode, no grad) must agree. Anything else, and any
+batch that is not right-padded, falls back to the ordinary padded forward.
 """
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
 DEFAULT_MAX_PACK_TOKENS = 8192
-"""Hard cap on tokens per pack for dense-mask attention (``T^2`` mask and scores)."""
+"""Upper bound of the default pack width for dense-mask attention (a ``C^2`` mask per pack row)."""
+PACK_WIDTH_FACTOR = 1.5
+"""Default dense-mask pack width, in multiples of the micro-batch's longest row."""
 
 _PACKED_IMPLS = ("sdpa", "eager", "flex_attention")
 _probe_results: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 PackedFn = Callable[[torch.Tensor, torch.Tensor, dict], torch.Tensor]
-"""``fn(input_ids [1, T], position_ids [1, T], attn_kwargs) -> [1, T, ...]`` for one pack."""
+"""``fn(input_ids [P, C], position_ids [P, C], attn_kwargs) -> [P, C, ...]`` for one forward."""
+
+
+@dataclass(frozen=True)
+class PackLayout:
+    """Where the ``N`` real tokens of a right-padded ``[B, S]`` batch sit in a packed ``[P, C]`` grid.
+
+    ``rows[p]``: batch rows in pack row ``p``, in placement order; ``lengths``: real tokens per batch
+    row; ``index [N]``: flat grid slot of each real token, row-major over the batch;
+    ``position_ids [P, C]``: 0.. restarting at every sequence and at the filler block that ends a
+    row which is not full; ``blocks[p]``: the lengths of the sequences and filler block of row ``p``.
+    """
+
+    rows: list[list[int]]
+    lengths: list[int]
+    index: torch.Tensor
+    position_ids: torch.Tensor
+    blocks: list[list[int]]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.position_ids.shape)
+
+    def pack(self, x: torch.Tensor, fill: int | float = 0) -> torch.Tensor:
+        """Real tokens ``[N, ...]`` (row-major) -> grid ``[P, C, ...]`` with ``fill`` in filler slots."""
+        out = x.new_full((self.position_ids.numel(), *x.shape[1:]), fill)
+        return out.index_copy(0, self.index, x).view(*self.shape, *x.shape[1:])
+
+    def unpack(self, y: torch.Tensor) -> torch.Tensor:
+        """Grid ``[P, C, ...]`` -> real tokens ``[N, ...]`` in row-major batch order (differentiable)."""
+        return y.reshape(-1, *y.shape[2:]).index_select(0, self.index)
 
 
 # ----------------------------------------------------------------------------- pure index helpers
@@ -56,25 +97,26 @@ def is_right_padded(attention_mask: torch.Tensor) -> bool:
     return bool((am == (torch.arange(am.shape[1], device=am.device)[None] < lengths)).all())
 
 
-def plan_packs(lengths: Sequence[int], max_tokens: int | None) -> list[list[int]]:
-    """Group rows, in order, into consecutive packs of at most ``max_tokens`` tokens (next fit).
+def plan_packs(lengths: Sequence[int], width: int | None) -> list[list[int]]:
+    """Assign rows to packs of at most ``width`` tokens (best-fit decreasing; ``None`` = one pack).
 
-    Rows of length 0 are skipped; a row longer than ``max_tokens`` gets a pack of its own (a sequence
-    is never split). ``None`` puts every row in one pack. Returns row indices per pack.
+    Rows of length 0 are skipped; a row longer than ``width`` gets a pack of its own. Returns the
+    row indices of each pack, deterministic (ties keep row and pack order).
     """
+    order = sorted((r for r, n in enumerate(lengths) if n > 0), key=lambda r: -lengths[r])
+    if width is None:
+        return [sorted(order)] if order else []
     packs: list[list[int]] = []
-    current: list[int] = []
-    size = 0
-    for row, n in enumerate(lengths):
-        if n <= 0:
-            continue
-        if current and max_tokens is not None and size + n > max_tokens:
-            packs.append(current)
-            current, size = [], 0
-        current.append(row)
-        size += n
-    if current:
-        packs.append(current)
+    loads: list[int] = []
+    for r in order:
+        fits = [p for p, load in enumerate(loads) if load + lengths[r] <= width]
+        if fits:
+            p = max(fits, key=lambda q: loads[q])  # the fullest pack it still fits in
+            packs[p].append(r)
+            loads[p] += lengths[r]
+        else:
+            packs.append([r])
+            loads.append(lengths[r])
     return packs
 
 
@@ -90,6 +132,31 @@ def cu_seq_lens(lengths: Sequence[int], device: torch.device | None = None) -> t
     """``[len(lengths) + 1]`` int32 cumulative lengths ``[0, L0, L0+L1, ...]`` (flash varlen)."""
     lens = torch.as_tensor(list(lengths), dtype=torch.int32, device=device)
     return torch.nn.functional.pad(torch.cumsum(lens, 0, dtype=torch.int32), (1, 0))
+
+
+def pack_layout(lengths: Sequence[int], width: int | None, device: torch.device | None = None) -> PackLayout:
+    """The :class:`PackLayout` of rows with ``lengths`` in pack rows of at most ``width`` tokens
+    (None: one row). ``C`` is the fullest row's load (``<= width`` unless a single sequence is longer)."""
+    rows = plan_packs(lengths, width)
+    loads = [sum(lengths[r] for r in pack_rows) for pack_rows in rows] or [0]
+    n_rows, width = len(loads), max(max(loads), 1)
+    base = [0] * len(lengths)  # grid slot of each batch row's first token
+    blocks = []
+    for p, pack_rows in enumerate(rows):
+        offset = p * width
+        for r in pack_rows:
+            base[r], offset = offset, offset + lengths[r]
+        blocks.append([lengths[r] for r in pack_rows] + ([width - loads[p]] if loads[p] < width else []))
+    blocks = blocks or [[width]]
+    lens = torch.as_tensor(list(lengths), dtype=torch.long, device=device)
+    pos_real = packed_position_ids(lengths, device)
+    index = torch.repeat_interleave(torch.as_tensor(base, dtype=torch.long, device=device), lens,
+                                    output_size=len(pos_real)) + pos_real
+    # Filler slots count 0.. from where their row's sequences end: one block of their own.
+    used = torch.as_tensor(loads, dtype=torch.long, device=device)
+    filler_pos = (torch.arange(width, device=device)[None] - used[:, None]).clamp(min=0)
+    position_ids = filler_pos.reshape(-1).index_copy(0, index, pos_real).view(n_rows, width)
+    return PackLayout(rows=rows, lengths=list(lengths), index=index, position_ids=position_ids, blocks=blocks)
 
 
 def pack(x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -120,36 +187,34 @@ def is_varlen(module: torch.nn.Module) -> bool:
     return "flash" in attn_implementation(module)
 
 
-def default_max_pack_tokens(module: torch.nn.Module, lengths: Sequence[int]) -> int | None:
-    """No cap for varlen attention; otherwise ``min(8192, 2 x longest row)`` (see module docstring)."""
-    if is_varlen(module):
+def default_pack_tokens(lengths: Sequence[int], varlen: bool) -> int | None:
+    """Pack width when not configured: none for varlen attention (one row of all ``N`` tokens), else
+    ``PACK_WIDTH_FACTOR`` x the longest row, at most ``DEFAULT_MAX_PACK_TOKENS`` (see the module docstring)."""
+    if varlen:
         return None
-    return min(DEFAULT_MAX_PACK_TOKENS, 2 * max(lengths, default=1))
+    return min(DEFAULT_MAX_PACK_TOKENS, math.ceil(PACK_WIDTH_FACTOR * max(lengths, default=1)))
 
 
 def packed_apply(fn: PackedFn, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
                  max_pack_tokens: int | None, varlen: bool = False) -> torch.Tensor:
-    """Run ``fn`` pack by pack over the real tokens of a right-padded batch.
+    """Run ``fn`` once on the packed real tokens of a right-padded batch.
 
     ``input_ids``/``attention_mask`` ``[B, S]`` -> ``[N, ...]`` outputs in row-major real-token order.
-    ``varlen`` adds flash-attention ``cu_seq_lens_q/k`` and ``max_length_q/k`` to ``attn_kwargs``.
+    Pack rows hold at most ``max_pack_tokens`` tokens (None: :func:`default_pack_tokens`).
+    Dense-mask attention gets the ``[P, C]`` grid; varlen attention gets the grid flattened to one
+    row ``[1, P x C]`` plus ``cu_seq_lens_q/k`` and ``max_length_q/k`` of its blocks.
     """
     lengths = row_lengths(attention_mask)
-    ids = pack(input_ids, attention_mask)
-    outs, start = [], 0
-    for rows in plan_packs(lengths, max_pack_tokens):
-        lens = [lengths[r] for r in rows]
-        n = sum(lens)
-        kwargs: dict = {}
-        if varlen:
-            cu = cu_seq_lens(lens, ids.device)
-            kwargs = dict(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max(lens), max_length_k=max(lens))
-        pos = packed_position_ids(lens, ids.device)
-        outs.append(fn(ids[start:start + n][None], pos[None], kwargs)[0])
-        start += n
-    if not outs:  # no real token at all
-        return fn(input_ids[:1, :1], torch.zeros(1, 1, dtype=torch.long, device=ids.device), {})[0, :0]
-    return outs[0] if len(outs) == 1 else torch.cat(outs)
+    width = max_pack_tokens or default_pack_tokens(lengths, varlen)
+    layout = pack_layout(lengths, width, input_ids.device)
+    ids, pos = layout.pack(pack(input_ids, attention_mask)), layout.position_ids
+    if not varlen:
+        return layout.unpack(fn(ids, pos, {}))
+    blocks = [n for row in layout.blocks for n in row]
+    cu = cu_seq_lens(blocks, ids.device)
+    kwargs = dict(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max(blocks), max_length_k=max(blocks))
+    out = fn(ids.reshape(1, -1), pos.reshape(1, -1), kwargs)
+    return layout.unpack(out.reshape(*layout.shape, *out.shape[2:]))
 
 
 def backbone_fn(backbone: torch.nn.Module) -> PackedFn:
@@ -167,8 +232,7 @@ def real_token_hidden(backbone: torch.nn.Module, input_ids: torch.Tensor, attent
     ``packing``: None = auto (:func:`use_packing`), True = force, False = padded forward.
     """
     if use_packing(backbone, attention_mask, packing):
-        cap = max_pack_tokens or default_max_pack_tokens(backbone, row_lengths(attention_mask))
-        return packed_apply(backbone_fn(backbone), input_ids, attention_mask, max_pack_tokens=cap,
+        return packed_apply(backbone_fn(backbone), input_ids, attention_mask, max_pack_tokens=max_pack_tokens,
                             varlen=is_varlen(backbone))
     hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
     return pack(hidden, attention_mask)
@@ -188,13 +252,9 @@ def supports_packing(backbone: torch.nn.Module) -> bool:
     impl = attn_implementation(backbone)
     if not (impl in _PACKED_IMPLS or "flash" in impl):
         return False
-    try:
-        return _probe_results[backbone]
-    except KeyError:
-        pass
-    ok = _probe(backbone)
-    _probe_results[backbone] = ok
-    return ok
+    if backbone not in _probe_results:
+        _probe_results[backbone] = _probe(backbone)
+    return _probe_results[backbone]
 
 
 def _probe(backbone: torch.nn.Module) -> bool:
@@ -202,15 +262,13 @@ def _probe(backbone: torch.nn.Module) -> bool:
     try:
         param = next(backbone.parameters())
         vocab = int(getattr(backbone.config, "vocab_size", 2) or 2)
-        g = torch.Generator().manual_seed(0)
-        ids = torch.randint(0, vocab, (2, 3), generator=g).to(param.device)
+        ids = torch.randint(0, vocab, (2, 3), generator=torch.Generator().manual_seed(0)).to(param.device)
         am = torch.tensor([[1, 1, 1], [1, 1, 0]], device=param.device)
         was_training = backbone.training
         backbone.eval()
         try:
             with torch.no_grad(), torch.autocast(param.device.type, enabled=False):
-                packed = packed_apply(backbone_fn(backbone), ids, am, max_pack_tokens=None,
-                                      varlen=is_varlen(backbone))
+                packed = packed_apply(backbone_fn(backbone), ids, am, max_pack_tokens=None, varlen=is_varlen(backbone))
                 single = torch.cat([backbone(input_ids=ids[i:i + 1, :n], use_cache=False).last_hidden_state[0]
                                     for i, n in enumerate((3, 2))])
         finally:

@@ -52,6 +52,16 @@ def test_multirun_sweep_two_run_dirs(tmp_path):
     assert (tmp_path / "sweep" / "comparison.png").stat().st_size > 1000
 
 
+def test_sweep_through_the_submitit_launcher(tmp_path):
+    """The Slurm launcher's code path, run locally: each job in its own submitit process."""
+    cli(["-m", "hydra/launcher=submitit_local", "algo=grpo,rloo", "+scale=tiny", "total_train_steps=1",
+         "hydra.sweep.dir=sweep"], cwd=tmp_path)
+    for r in ("0-grpo-seed1", "1-rloo-seed1"):
+        assert (tmp_path / "sweep" / r / "metrics.jsonl").stat().st_size > 0
+    assert (tmp_path / "sweep" / ".submitit").is_dir()
+    assert "| rloo | 1 |" in (tmp_path / "sweep" / "comparison.md").read_text()
+
+
 def test_bad_reward_path_and_model_path(tmp_path):
     proc = cli(["--config-name", "grpo", "reward.fn=mypkg.rewards.score"], cwd=tmp_path, check=False)
     assert proc.returncode != 0 and "reward.fn: module 'mypkg.rewards' not found" in proc.stderr

@@ -54,3 +54,22 @@ def test_engine_logprobs_equal_forward_of_same_weights():
         logp, _ = forward_logprobs(model, ids, torch.ones_like(ids), temperature=0.8)
         torch.testing.assert_close(logp[0, len(p) - 1:-1], torch.tensor(g.logprobs), atol=1e-5, rtol=0)
         assert g.truncated == (tok.eos_token_id not in g.output_ids)
+
+
+def test_engine_logprobs_equal_packed_forward_of_a_ragged_batch():
+    """Rows of different lengths in one right-padded batch: the packed forward (auto) and the padded
+    one both reproduce the engine's sampling log-probabilities row by row."""
+    tok, model = _model()
+    engine = HFEngine(model, tok, device=torch.device("cpu"))
+    prompts = [[4, 20, 30, 40, 50], [4, 21], [4, 22, 32]]
+    torch.manual_seed(1)
+    gens = engine.generate(prompts, GenerationHyperparameters(max_new_tokens=5, temperature=0.9))
+    rows = [p + g.output_ids for p, g in zip(prompts, gens)]
+    width = max(len(r) for r in rows)
+    ids = torch.tensor([r + [0] * (width - len(r)) for r in rows])
+    am = (torch.arange(width)[None] < torch.tensor([len(r) for r in rows])[:, None]).long()
+    for packing in (None, False):
+        logp, _ = forward_logprobs(model, ids, am, temperature=0.9, packing=packing, chunk_size=4)
+        for i, (p, g) in enumerate(zip(prompts, gens)):
+            torch.testing.assert_close(logp[i, len(p) - 1:len(rows[i]) - 1], torch.tensor(g.logprobs),
+                                       atol=1e-5, rtol=0)

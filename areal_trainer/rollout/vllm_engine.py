@@ -1,0 +1,209 @@
+"""The ``vllm`` rollout backend: a ``vllm.LLM`` engine colocated with the trainer.
+
+The engine is built once from a temporary Hugging Face directory holding the current policy, then
+kept in step with training by ``update_weights``, which hands the trainer's tensors to vLLM's
+in-place ``reload_weights`` (no checkpoint is written) and then drops the prefix cache, whose
+KV blocks were computed with the old weights.
+
+Per-token logprobs are vLLM's ``processed_logprobs``: the log-softmax of the logits after
+``min_new_tokens`` masking and temperature scaling, which is what ``forward_logprobs(...,
+temperature=T)`` computes for the same weights (and what the ``hf`` backend records). With
+``top_p < 1`` or an active ``top_k`` they are log-probabilities under the truncated,
+renormalised distribution the token was actually drawn from (the ``hf`` backend records them
+before truncation). Greedy decoding (``gconfig.greedy``) records temperature-1 logprobs, like
+the ``hf`` backend.
+
+By default the engine runs inside the trainer's process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
+unless that variable is already set), so weights are passed as tensors without a copy through
+another process, and sampling draws from the process's global torch generator: a run is
+reproducible given ``seed``. Per-request sampling seeds are not used (on CPU they crash vLLM's
+chunked prefill). With multiprocessing enabled, weights travel as one safetensors blob to the
+worker's :class:`WeightSyncExtension`.
+
+CPU (the ``vllm-cpu`` build, see ``scripts/setup_vllm_cpu.sh``): float32, eager mode, and
+``VLLM_CPU_KVCACHE_SPACE=1`` (GiB of KV cache) unless set. GPU: bfloat16 for a float32 policy
+(else the policy's dtype) and ``gpu_memory_utilization=0.3``, since the trainer shares the GPU.
+Any ``vllm.LLM`` keyword argument given in ``rollout.vllm_kwargs`` overrides these defaults.
+
+Importing this module does not import vLLM; building a :class:`VLLMEngine` does.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from typing import Any
+
+import torch
+
+from ..config.schema import GenerationHyperparameters
+from ..errors import UserError
+from .engine import Generation
+
+INSTALL_HINT = ("rollout.backend=vllm needs the 'vllm' package, which is not importable here. On a CUDA machine: "
+                "pip install vllm (or pip install -e '.[vllm]'). On a CPU-only machine: bash scripts/setup_vllm_cpu.sh, "
+                "then run with .venv-vllm/bin/python. Or use rollout.backend=hf.")
+GPU_MEMORY_UTILIZATION = 0.3
+"""Default share of GPU memory vLLM may take (weights + KV cache); the trainer needs the rest."""
+CPU_KVCACHE_GIB = "1"
+"""Default ``VLLM_CPU_KVCACHE_SPACE`` (GiB): vLLM's own default reserves most of the machine's RAM."""
+
+
+class _DropKnownNoise(logging.Filter):
+    """Hides vLLM log records that are expected with this backend's settings and mean nothing:
+    a skipped tokenizer (``skip_tokenizer_init``: prompts are token ids) and rotary-embedding
+    caches that the checkpoint does not hold (they are kept on every weight reload)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        return not (msg.startswith("Chat template warmup failed") or "because tokenizer is not initialized" in msg
+                    or msg == "RotaryEmbedding: Failed to load weights")
+
+
+def _quiet_vllm_logs() -> None:
+    for name in ("vllm.renderers.base", "vllm.model_executor.model_loader.reload.layerwise"):
+        log = logging.getLogger(name)
+        if not any(isinstance(f, _DropKnownNoise) for f in log.filters):
+            log.addFilter(_DropKnownNoise())
+
+
+def import_vllm():
+    """The ``vllm`` module, or a :class:`UserError` that says how to install it."""
+    try:
+        import vllm
+    except ImportError as e:
+        raise UserError(f"{INSTALL_HINT} (import error: {e})") from None
+    _quiet_vllm_logs()
+    return vllm
+
+
+class WeightSyncExtension:
+    """Methods added to vLLM's worker (``worker_extension_cls``); ``self`` is the worker."""
+
+    def areal_load_weights(self, payload) -> int:
+        """Load checkpoint-format weights in place: a safetensors blob, or (name, tensor) pairs."""
+        if isinstance(payload, bytes | bytearray | memoryview):
+            from safetensors.torch import load
+
+            weights = list(load(bytes(payload)).items())
+        else:
+            weights = list(payload)
+        self.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
+        return len(weights)
+
+
+def checkpoint_weights(model) -> dict[str, torch.Tensor]:
+    """The policy's weights by checkpoint name, with ``lm_head.weight`` present even when it is
+    tied to the input embeddings (vLLM keeps a separately packed copy of the output layer that
+    is rebuilt only when ``lm_head.weight`` itself is loaded)."""
+    weights = {k: v.detach() for k, v in model.state_dict().items()}
+    head = model.get_output_embeddings()
+    if head is not None and "lm_head.weight" not in weights:
+        weights["lm_head.weight"] = head.weight.detach()
+    return weights
+
+
+class VLLMEngine:
+    """Samples answers with vLLM from the policy ``model``; ``version`` counts weight updates.
+
+    ``llm_kwargs`` are passed to ``vllm.LLM`` and override this backend's defaults.
+    """
+
+    def __init__(self, model, tokenizer, *, device: torch.device, seed: int, **llm_kwargs: Any):
+        vllm = import_vllm()
+        self.tokenizer, self.device, self.version = tokenizer, torch.device(device), 0
+        self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        on_cpu = self.device.type == "cpu"
+        if on_cpu and not {"kv_cache_memory_bytes", "gpu_memory_utilization"} & set(llm_kwargs):
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KVCACHE_GIB)
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        self.in_process = os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+        dtype = model.dtype
+        if on_cpu:
+            dtype = torch.float32
+        elif dtype == torch.float32:
+            dtype = torch.bfloat16
+        kwargs: dict[str, Any] = dict(
+            dtype=str(dtype).removeprefix("torch."), seed=seed, logprobs_mode="processed_logprobs",
+            skip_tokenizer_init=True, generation_config="vllm", enable_prefix_caching=True,
+            worker_extension_cls=f"{__name__}.WeightSyncExtension",
+        )
+        kwargs.update(dict(enforce_eager=True) if on_cpu else dict(gpu_memory_utilization=GPU_MEMORY_UTILIZATION))
+        kwargs.update(llm_kwargs)
+        self._dir = tempfile.mkdtemp(prefix="areal_vllm_")
+        try:
+            model.save_pretrained(self._dir)
+            # Building the engine seeds the global RNGs of this process (in-process mode); keep the
+            # trainer's random streams as they were.
+            devices = [torch.cuda.current_device()] if self.device.type == "cuda" else []
+            with torch.random.fork_rng(devices=devices):
+                self.llm = vllm.LLM(model=self._dir, **kwargs)
+        except Exception:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            raise
+        self._sampling_params = vllm.SamplingParams
+
+    # -- weights ----------------------------------------------------------------------------------
+    @torch.no_grad()
+    def update_weights(self, model) -> None:
+        """Copy ``model``'s current weights into the engine in place, then drop cached KV blocks."""
+        weights = checkpoint_weights(model)
+        if self.in_process:
+            payload: Any = list(weights.items())
+        else:
+            from safetensors.torch import save
+
+            dtype = self.llm.llm_engine.model_config.dtype
+            payload = save({k: v.to("cpu", dtype).contiguous().clone() for k, v in weights.items()})
+        self.llm.collective_rpc("areal_load_weights", args=(payload,))
+        self.llm.reset_prefix_cache()
+
+    # -- sampling ---------------------------------------------------------------------------------
+    def stop_ids(self, gconfig: GenerationHyperparameters) -> list[int]:
+        ids = [self.tokenizer.eos_token_id, *gconfig.stop_token_ids]
+        return sorted({i for i in ids if i is not None})
+
+    def sampling_params(self, g: GenerationHyperparameters):
+        """vLLM ``SamplingParams`` for ``g`` (stops exactly on :meth:`stop_ids`)."""
+        kw: dict[str, Any] = dict(n=1, max_tokens=g.max_new_tokens, min_tokens=g.min_new_tokens, logprobs=0,
+                                  stop_token_ids=self.stop_ids(g), ignore_eos=True, detokenize=False)
+        if g.greedy:
+            kw.update(temperature=0.0)
+        else:
+            kw.update(temperature=g.temperature, top_p=g.top_p, top_k=g.top_k if 0 < g.top_k < self.vocab_size else 0)
+        return self._sampling_params(**kw)
+
+    def generate(self, prompts: list[list[int]], gconfig: GenerationHyperparameters) -> list[Generation]:
+        """Sample one answer per prompt, in prompt order (repeat a prompt to sample it several times)."""
+        if not prompts:
+            return []
+        outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], self.sampling_params(gconfig),
+                                 use_tqdm=False)
+        gens = []
+        for out in outs:
+            c = out.outputs[0]
+            ids = list(c.token_ids)
+            logps = [float(d[t].logprob) for d, t in zip(c.logprobs or [], ids)]
+            gens.append(Generation(ids, logps, truncated=c.finish_reason == "length"))
+        return gens
+
+    # -- lifetime ---------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Shut the engine down and delete its temporary model directory (idempotent)."""
+        llm = self.__dict__.pop("llm", None)
+        if llm is not None:
+            try:
+                llm.llm_engine.engine_core.shutdown()
+            except Exception:  # noqa: BLE001 - best effort at teardown
+                pass
+        if getattr(self, "_dir", None):
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass

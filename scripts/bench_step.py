@@ -1,0 +1,163 @@
+"""Time one GRPO step of the trainer, split into generation / log-probs / update, for each rollout
+backend (``hf``, and ``vllm`` where it is importable), and print the backends side by side.
+
+    .venv-vllm/bin/python scripts/bench_step.py                  # builtin:tiny and builtin:small on CPU
+    .venv-vllm/bin/python scripts/bench_step.py --steps 5 --models builtin:small
+
+Each (model, backend) pair runs in its own subprocess (vLLM changes process-wide settings such as
+thread binding), on random weights (no warm start) with ``min_new_tokens = max_new_tokens`` so
+both backends generate exactly the same number of tokens. With CUDA, a model of the shape of
+Qwen2.5-0.5B (random weights, built from a config, no download) is added. Columns:
+
+* ``generate``: the backend's ``generate`` calls of one step; ``gen tok/s``: generated tokens per second;
+* ``logprobs``: recomputed proximal log-probabilities (a forward over the batch);
+* ``update``: the policy update; ``sync``: pushing the new weights to the engine (0 for ``hf``);
+* ``step``: the whole step; ``tok/s``: prompt + answer tokens of the batch per second of step.
+
+Times are medians over ``--steps`` steps after one warm-up step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+PROMPTS, SAMPLES, NEW_TOKENS = 16, 8, 16
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+QWEN_05B = dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=4096,
+                tie_word_embeddings=True, rope_theta=1000000.0, rms_norm_eps=1e-6)
+
+
+def qwen_shaped_dir(root: str) -> str:
+    """A directory with a randomly initialised Qwen2.5-0.5B-shaped model."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    path = os.path.join(root, "qwen2.5-0.5b-shaped")
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(Qwen2Config(**QWEN_05B)).save_pretrained(path)
+    return path
+
+
+def measure(model: str, backend: str, steps: int, threads: int | None, tmp: str) -> dict:
+    """Run the steps in this process; returns median timings."""
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
+    from areal_trainer.config import load_config
+    from areal_trainer.train.run import RLTrainer
+
+    overrides = [f"actor.path={model}", f"rollout.backend={backend}", "sft_warmup.steps=0", "valid_dataset.max_rows=8",
+                 f"train_dataset.batch_size={PROMPTS}", f"gconfig.n_samples={SAMPLES}",
+                 f"gconfig.max_new_tokens={NEW_TOKENS}", f"gconfig.min_new_tokens={NEW_TOKENS}", "stats_logger.progress_bar=false",
+                 f"total_train_steps={steps + 1}", "train_dataset.max_rows=2000"]
+    if not model.startswith("builtin:"):
+        overrides.append("tokenizer_path=builtin:tiny")  # token ids beyond its vocabulary decode to nothing
+    cfg = load_config("grpo", overrides)
+    trainer = RLTrainer(cfg, os.path.join(tmp, f"run-{backend}"))
+    engine = trainer.engine
+    clock = {"generate": 0.0, "sync": 0.0, "gen_tokens": 0}
+    generate, update_weights = engine.generate, engine.update_weights
+
+    def timed_generate(prompts, gconfig):
+        t = time.perf_counter()
+        out = generate(prompts, gconfig)
+        clock["generate"] += time.perf_counter() - t
+        clock["gen_tokens"] += sum(len(g.output_ids) for g in out)
+        return out
+
+    def timed_update(m):
+        t = time.perf_counter()
+        update_weights(m)
+        clock["sync"] += time.perf_counter() - t
+
+    engine.generate, engine.update_weights = timed_generate, timed_update
+    engine.update_weights(trainer.model)
+    trainer._build_aux_models()
+    rows = []
+    for _ in range(steps + 1):
+        clock.update(generate=0.0, sync=0.0, gen_tokens=0)
+        m = trainer.train_step()
+        tokens = m["perf/tokens_per_s"] * m["time/step"]
+        rows.append({"generate": clock["generate"], "gen_tok_s": clock["gen_tokens"] / clock["generate"],
+                     "logprobs": m["time/logprobs"], "update": m["time/update"] - clock["sync"], "sync": clock["sync"],
+                     "step": m["time/step"], "tok_s": tokens / m["time/step"], "gen_tokens": clock["gen_tokens"]})
+    if hasattr(engine, "close"):
+        engine.close()
+    timed = rows[1:]  # the first step warms up caches and kernels
+    return {k: statistics.median(r[k] for r in timed) for k in timed[0]}
+
+
+def run_child(model: str, backend: str, args) -> dict | None:
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", model, backend, "--steps", str(args.steps)]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", WANDB_MODE="disabled",
+               TOKENIZERS_PARALLELISM="false", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    if args.threads:
+        cmd += ["--threads", str(args.threads)]
+        env["OMP_NUM_THREADS"] = str(args.threads)  # vLLM's CPU worker sizes its thread pool from this
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        print(f"  {model} / {backend} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}", file=sys.stderr)
+        return None
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", default=None, help="comma-separated actor.path values (default: built-in tiny and small, "
+                   "plus a Qwen2.5-0.5B-shaped model with CUDA)")
+    p.add_argument("--backends", default="hf,vllm")
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch/OpenMP threads per run (default: torch's default); 1 is steadier on a busy machine")
+    p.add_argument("--child", nargs=2, metavar=("MODEL", "BACKEND"), help=argparse.SUPPRESS)
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench_step_") as tmp:
+        if args.child:
+            print("RESULT " + json.dumps(measure(*args.child, args.steps, args.threads, tmp)))
+            return
+        import torch
+
+        models = args.models.split(",") if args.models else ["builtin:tiny", "builtin:small"]
+        if torch.cuda.is_available() and not args.models:
+            models.append(qwen_shaped_dir(tmp))
+        backends = [b for b in args.backends.split(",")
+                    if b != "vllm" or importlib.util.find_spec("vllm") is not None]
+        if "vllm" in args.backends and "vllm" not in backends:
+            print("vllm is not importable here: measuring hf only (bash scripts/setup_vllm_cpu.sh makes .venv-vllm)")
+        threads = args.threads or torch.get_num_threads()
+        device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU, {threads} threads"
+        print(f"one GRPO step ({PROMPTS} prompts x {SAMPLES} samples x {NEW_TOKENS} new tokens), median of {args.steps} steps; {device}")
+        head = f"{'model':<22} {'backend':<7} {'generate':>9} {'gen tok/s':>10} {'logprobs':>9} {'update':>8} " \
+               f"{'sync':>7} {'step':>8} {'tok/s':>8}"
+        print(head)
+        print("-" * len(head))
+        for model in models:
+            res = {}
+            name = os.path.basename(model) if os.path.isdir(model) else model
+            for backend in backends:
+                r = run_child(model, backend, args)
+                if r is None:
+                    continue
+                res[backend] = r
+                print(f"{name:<22} {backend:<7} {r['generate']:>8.2f}s {r['gen_tok_s']:>10.0f} {r['logprobs']:>8.2f}s "
+                      f"{r['update']:>7.2f}s {r['sync']:>6.2f}s {r['step']:>7.2f}s {r['tok_s']:>8.0f}", flush=True)
+            if "hf" in res and "vllm" in res:
+                h, v = res["hf"], res["vllm"]
+                print(f"{name:<22} {'hf/vllm':<7} {h['generate'] / v['generate']:>8.2f}x {'':>10} "
+                      f"{h['logprobs'] / v['logprobs']:>8.2f}x {h['update'] / v['update']:>7.2f}x {'':>7} "
+                      f"{h['step'] / v['step']:>7.2f}x   <- time ratio (>1: vllm faster)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
