@@ -131,3 +131,13 @@ def test_plugin_errors_name_the_key():
 def test_rejection_sampling_without_decoupled_only_warns():
     with pytest.warns(UserWarning, match="filtering is ignored"):
         load_config("grpo", ["actor.use_decoupled_loss=false"])
+
+
+def test_builtin_task_tuning_follows_the_chosen_algorithm():
+    """conf/algo_tuning/ppo.yaml applies whichever way ppo is chosen, after the preset, and stays
+    overridable; the preset itself keeps AReaL's critic lr = actor lr."""
+    assert load_config("ppo").critic.optimizer.lr == 3e-3
+    assert load_config("config", ["algo=ppo"]).critic.optimizer.lr == 3e-3
+    assert load_config("ppo", ["critic.optimizer.lr=5e-4"]).critic.optimizer.lr == 5e-4
+    assert load_config("ppo", ["~algo_tuning"]).critic.optimizer.lr == load_config("ppo").actor.optimizer.lr
+    assert load_config("grpo").critic is None
