@@ -12,6 +12,12 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 VPY=.venv/bin/python
+pipq() {  # quiet pip, without the warnings about package-index folders absent on this machine
+  local out rc=0
+  out=$("$VPY" -m pip --disable-pip-version-check -q "$@" 2>&1) || rc=$?
+  printf '%s\n' "$out" | grep -v -e "is ignored: it is neither a file nor a directory" -e '^$' || true
+  return "$rc"
+}
 if ! "$VPY" -c "import torch" 2>/dev/null; then
   if [ -n "${TORCH_SPEC:-}" ]; then
     spec="$TORCH_SPEC"
@@ -20,6 +26,6 @@ if ! "$VPY" -c "import torch" 2>/dev/null; then
   else
     spec="torch==2.13.0"
   fi
-  "$VPY" -m pip install -q --disable-pip-version-check "$spec"
+  pipq install "$spec"
 fi
-"$VPY" -m pip install -q --disable-pip-version-check -e ".[dev]"
+pipq install -e ".[dev]"

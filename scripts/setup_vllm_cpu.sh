@@ -43,9 +43,11 @@ else
 fi
 
 VPY="$VENV/bin/python"
-pipq() {  # pip, quiet, without the warnings about this machine's absent local index folders
-  "$VPY" -m pip --disable-pip-version-check -q "$@" 2>&1 | grep -v "is ignored: it is neither a file nor a directory" || true
-  return "${PIPESTATUS[0]}"
+pipq() {  # quiet pip, without the warnings about package-index folders absent on this machine
+  local out rc=0
+  out=$("$VPY" -m pip --disable-pip-version-check -q "$@" 2>&1) || rc=$?
+  printf '%s\n' "$out" | grep -v -e "is ignored: it is neither a file nor a directory" -e '^$' || true
+  return "$rc"
 }
 CONS=$(mktemp)
 trap 'rm -f "$CONS"' EXIT
