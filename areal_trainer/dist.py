@@ -10,6 +10,10 @@ metrics) are all-reduced.
 On CPU the process group uses gloo. ``accelerate launch --cpu`` starts only one process; use
 ``accelerate launch --multi_gpu --num_processes N`` (with no GPU, the processes run on the CPU)
 or ``torchrun --nproc_per_node N``.
+
+With ``accelerate launch --use_fsdp --fsdp_version 2`` (or ``AREAL_FSDP=1``) the same scheme runs
+with the weights sharded by FSDP2 instead of replicated (``fsdp.py``; ``DistContext.fsdp``): the
+gradient sum is then FSDP's reduce-scatter, and ``sync_gradients`` is not used.
 """
 
 from __future__ import annotations
@@ -20,12 +24,16 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from . import fsdp as fsdp_mod
+
 
 @dataclass
 class DistContext:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    fsdp: bool = False
+    """Weights sharded with FSDP2 over all ranks (see ``fsdp.py``)."""
 
     @property
     def enabled(self) -> bool:
@@ -112,4 +120,4 @@ def init_distributed(device_name: str) -> tuple[DistContext, torch.device | None
     device = torch.device("cuda", local) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)
-    return DistContext(rank=rank, world_size=world, local_rank=local), device
+    return DistContext(rank=rank, world_size=world, local_rank=local, fsdp=fsdp_mod.requested()), device

@@ -4,6 +4,10 @@ and RNG states, written atomically.
 A checkpoint is assembled in a temporary directory, marked complete by a ``COMPLETE`` file written
 last, then renamed to ``checkpoints/step_<N>``. A crash at any point leaves either no
 ``step_<N>`` directory or a complete one; ``latest_checkpoint`` only ever returns complete ones.
+
+A model sharded with FSDP2 holds only its rank's shards; the caller passes its full weights
+(``fsdp.full_state_dict``, gathered on rank 0) in ``weights``, so every checkpoint holds plain
+Hugging Face weights that load with or without FSDP.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import shutil
 
 import numpy as np
 import torch
+
+from ..model.critic import HEAD_FILE, ValueModel
 
 CKPT_DIR = "checkpoints"
 MARKER = "COMPLETE"
@@ -53,15 +59,31 @@ def latest_checkpoint(run_dir: str) -> str | None:
     return found[-1][1] if found else None
 
 
-def save_checkpoint(run_dir: str, step: int, *, models: dict, tokenizer, state: dict, keep_last: int) -> str:
-    """Write ``checkpoints/step_<step>`` atomically; ``state`` holds optimizer/scheduler/loader states."""
+def save_model(model, path: str, state_dict: dict | None = None) -> None:
+    """``model.save_pretrained(path)``, with the weights taken from ``state_dict`` when given."""
+    if state_dict is None:
+        model.save_pretrained(path)
+    elif isinstance(model, ValueModel):
+        def part(prefix: str) -> dict:
+            return {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
+        model.backbone.save_pretrained(path, state_dict=part("backbone."))
+        torch.save(part("value_head."), os.path.join(path, HEAD_FILE))
+    else:
+        model.save_pretrained(path, state_dict=state_dict)
+
+
+def save_checkpoint(run_dir: str, step: int, *, models: dict, tokenizer, state: dict, keep_last: int,
+                    weights: dict | None = None) -> str:
+    """Write ``checkpoints/step_<step>`` atomically; ``state`` holds optimizer/scheduler/loader states.
+
+    ``weights``: full state dicts by model name, for models whose own state dict is sharded."""
     root = os.path.join(run_dir, CKPT_DIR)
     os.makedirs(root, exist_ok=True)
     final = os.path.join(root, f"step_{step}")
     tmp = os.path.join(root, f".tmp-step_{step}-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     for name, model in models.items():
-        model.save_pretrained(os.path.join(tmp, name))
+        save_model(model, os.path.join(tmp, name), (weights or {}).get(name))
         tokenizer.save_pretrained(os.path.join(tmp, name))
     torch.save({**state, "rng": rng_state(), "step": step}, os.path.join(tmp, "trainer_state.pt"))
     with open(os.path.join(tmp, MARKER), "w") as f:

@@ -2,6 +2,10 @@
 critic. Both start from the policy as it is when RL begins (after any warm start) when their
 ``path`` is the actor's, and from their own ``path`` otherwise; a resumed run reloads them from
 the checkpoint.
+
+Under FSDP2 both are built from the whole policy *before* it is sharded (a sharded module holds
+only this rank's shards and cannot be deep-copied into a working model); the reference policy then
+stays replicated (it has no gradients or optimizer state), the critic is sharded like the policy.
 """
 
 from __future__ import annotations
@@ -12,8 +16,15 @@ import os
 import torch
 
 from ..config.schema import TrainerConfig
+from ..fsdp import is_sharded
 from ..model.critic import ValueModel
 from ..model.load import load_causal_lm
+
+
+def _copy(actor: torch.nn.Module) -> torch.nn.Module:
+    if is_sharded(actor):
+        raise RuntimeError("build the reference policy and critic before sharding the policy (FSDP2)")
+    return copy.deepcopy(actor)
 
 
 def build_ref(cfg: TrainerConfig, actor: torch.nn.Module, tokenizer, device: torch.device,
@@ -25,7 +36,7 @@ def build_ref(cfg: TrainerConfig, actor: torch.nn.Module, tokenizer, device: tor
         ref = load_causal_lm(os.path.join(resume_dir, "ref"), tokenizer=tokenizer, dtype=cfg.ref.dtype,
                              device=device, seed=cfg.seed, key="ref.path")
     elif cfg.ref.path == cfg.actor.path:
-        ref = copy.deepcopy(actor)
+        ref = _copy(actor)
     else:
         ref = load_causal_lm(cfg.ref.path, tokenizer=tokenizer, dtype=cfg.ref.dtype, device=device, seed=cfg.seed,
                              key="ref.path")
@@ -42,7 +53,7 @@ def build_critic(cfg: TrainerConfig, actor: torch.nn.Module, tokenizer, device: 
     if resume_dir:
         critic = ValueModel.from_pretrained(os.path.join(resume_dir, "critic"))
     elif cfg.critic.path == cfg.actor.path:
-        critic = ValueModel.from_causal_lm(copy.deepcopy(actor))
+        critic = ValueModel.from_causal_lm(_copy(actor))
     else:
         lm = load_causal_lm(cfg.critic.path, tokenizer=tokenizer, dtype=cfg.critic.dtype, device=device,
                             seed=cfg.seed, key="critic.path")

@@ -1,5 +1,9 @@
 """The training loop. Each step: rollout (generate + reward) -> extra forwards -> advantage ->
 policy update -> evaluation / checkpoint -> metrics. ``run(cfg, run_dir)`` is the whole job.
+
+Under FSDP2 (``fsdp.py``) the policy and critic are sharded once the reference policy and critic
+have been copied from the whole policy (``_build_aux_models``); generation and the no-grad
+forwards run with the weights gathered (``fsdp.gathered``), checkpoints hold the full weights.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from .. import fsdp
 from ..advantage.stages import resolve_advantage
 from ..config.schema import TrainerConfig
 from ..data.datasets import build_samples
@@ -65,6 +70,8 @@ class RLTrainer:
         if cfg.train_dataset.batch_size % self.dist.world_size:
             raise UserError(f"train_dataset.batch_size={cfg.train_dataset.batch_size} (prompts per step, global) must be "
                             f"divisible by the {self.dist.world_size} processes.")
+        if self.dist.fsdp and cfg.rollout.backend != "hf":
+            raise UserError(f"rollout.backend={cfg.rollout.backend} is not supported with FSDP2 yet; use rollout.backend=hf.")
         self.autocast = autocast_dtype(cfg.actor.dtype, self.device)
         self.resume_from = self._resume_checkpoint()
         self.tokenizer = load_tokenizer(cfg.tokenizer_path or cfg.actor.path,
@@ -94,15 +101,24 @@ class RLTrainer:
         self.scheduler = build_scheduler(self.optimizer, cfg.actor.optimizer, self.total_steps)
         self.ref = self.critic = self.critic_optimizer = self.critic_scheduler = None
         self.sum_fn = self.dist.sum_fn()
-        self.sync_grads = self.dist.sync_gradients if self.dist.enabled else None
+        self.sync_grads = self.dist.sync_gradients if self.dist.enabled and not self.dist.fsdp else None
         self.step, self.consecutive_skips = 0, 0
         self.last_save = self.last_eval = time.time()
 
     def _build_aux_models(self) -> None:
-        """Reference policy and critic, from the policy as RL starts (or from the checkpoint)."""
+        """Reference policy and critic, from the policy as RL starts (or from the checkpoint); then,
+        under FSDP2, shard the policy and critic."""
         cfg = self.cfg
         self.ref = build_ref(cfg, self.model, self.tokenizer, self.device, self.resume_from)
         self.critic = build_critic(cfg, self.model, self.tokenizer, self.device, self.resume_from)
+        if self.dist.fsdp:
+            mesh = fsdp.device_mesh(self.device, self.dist.world_size)
+            fsdp.shard_model(self.model, mesh)
+            if self.critic is not None:
+                fsdp.shard_model(self.critic, mesh)
+            # fully_shard swapped in new (sharded) parameters: the optimizer must step those.
+            self.optimizer = build_optimizer(self.model.parameters(), cfg.actor.optimizer)
+            self.scheduler = build_scheduler(self.optimizer, cfg.actor.optimizer, self.total_steps)
         if self.critic is not None:
             self.critic_optimizer = build_optimizer(self.critic.parameters(), cfg.critic.optimizer)
             self.critic_scheduler = build_scheduler(self.critic_optimizer, cfg.critic.optimizer, self.total_steps)
@@ -119,33 +135,34 @@ class RLTrainer:
     # -- state ------------------------------------------------------------------------------------
     def _restore(self) -> None:
         state = ckpt.load_trainer_state(self.resume_from)
-        self.optimizer.load_state_dict(state["optimizer"])
+        fsdp.load_optimizer_state(self.model, self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.loader.load_state_dict(state["loader"])
         self.step, self.consecutive_skips = state["step"], state["consecutive_skips"]
         self.engine.version = state["version"]
         if self.critic is not None:
-            self.critic_optimizer.load_state_dict(state["critic_optimizer"])
+            fsdp.load_optimizer_state(self.critic, self.critic_optimizer, state["critic_optimizer"])
             self.critic_scheduler.load_state_dict(state["critic_scheduler"])
         ckpt.set_rng_state(state["rng"][self.dist.rank] if isinstance(state["rng"], list) else state["rng"])
 
     def _save(self) -> str:
-        state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+        state = {"optimizer": fsdp.optimizer_state(self.model, self.optimizer), "scheduler": self.scheduler.state_dict(),
                  "loader": self.loader.state_dict(), "consecutive_skips": self.consecutive_skips,
                  "version": self.engine.version}
         models = {"actor": self.model}
         if self.critic is not None:
             models["critic"] = self.critic
-            state.update(critic_optimizer=self.critic_optimizer.state_dict(),
+            state.update(critic_optimizer=fsdp.optimizer_state(self.critic, self.critic_optimizer),
                          critic_scheduler=self.critic_scheduler.state_dict())
         if self.ref is not None:
             models["ref"] = self.ref  # the policy as RL began; not reloadable from a path after a warm start
         self.last_save = time.time()
         rng = self.dist.gather_objects(ckpt.rng_state())
+        weights = {k: fsdp.full_state_dict(m) for k, m in models.items() if fsdp.is_sharded(m)}  # collective
         if not self.dist.is_main:
             return ""
         return ckpt.save_checkpoint(self.run_dir, self.step, models=models, tokenizer=self.tokenizer,
-                                    state={**state, "rng": rng}, keep_last=self.cfg.saver.keep_last)
+                                    state={**state, "rng": rng}, keep_last=self.cfg.saver.keep_last, weights=weights)
 
     # -- schedule ---------------------------------------------------------------------------------
     def _due(self, freq, last: float) -> bool:
@@ -160,7 +177,8 @@ class RLTrainer:
             return {}
         t0 = time.time()
         mine = self.valid_samples[self.dist.rank::self.dist.world_size]
-        out = evaluate(self.workflow, mine, self.cfg.eval_gconfig, self.cfg.valid_dataset.batch_size)
+        with fsdp.gathered(self.model):
+            out = evaluate(self.workflow, mine, self.cfg.eval_gconfig, self.cfg.valid_dataset.batch_size)
         self.last_eval = time.time()
         out["time/eval"] = self.last_eval - t0
         return self.dist.reduce_metrics(out)
@@ -194,10 +212,11 @@ class RLTrainer:
         cfg, a = self.cfg, self.cfg.actor
         t0 = time.time()
         world = self.dist.world_size
-        groups, metrics = collect_groups(
-            self.loader, self.workflow, cfg.gconfig, batch_size=cfg.train_dataset.batch_size // world,
-            accept=self.accept, dynamic_bs=cfg.dynamic_bs, max_rounds=cfg.rollout.max_sampling_rounds,
-            world_size=world, reduce_max=lambda x: int(self.dist.all_reduce(torch.tensor(x), "max")))
+        with fsdp.gathered(self.model):
+            groups, metrics = collect_groups(
+                self.loader, self.workflow, cfg.gconfig, batch_size=cfg.train_dataset.batch_size // world,
+                accept=self.accept, dynamic_bs=cfg.dynamic_bs, max_rounds=cfg.rollout.max_sampling_rounds,
+                world_size=world, reduce_max=lambda x: int(self.dist.all_reduce(torch.tensor(x), "max")))
         if not groups:  # dynamic_bs and no prompt group passed the filter: nothing to train on
             return {**metrics, "reward/task": metrics["reward/sampled"], "update/skipped_empty_batch": 1.0,
                     "time/step": time.time() - t0}
@@ -205,13 +224,16 @@ class RLTrainer:
         data = {k: v.to(self.device) for k, v in batch.items()}
         t1 = time.time()
         if a.should_compute_prox_logp():
-            data["prox_logp"] = batched_logprobs(self.model, data, temperature=a.temperature, mb_spec=a.mb_spec,
-                                                 autocast_dtype=self.autocast)
+            with fsdp.gathered(self.model):
+                data["prox_logp"] = batched_logprobs(self.model, data, temperature=a.temperature,
+                                                     mb_spec=a.mb_spec, autocast_dtype=self.autocast)
         if self.ref is not None:
             data["ref_logp"] = batched_logprobs(self.ref, data, temperature=a.temperature, mb_spec=a.mb_spec,
                                                 autocast_dtype=self.autocast)
         if self.critic is not None:
-            data["values"] = batched_values(self.critic, data, mb_spec=cfg.critic.mb_spec, autocast_dtype=self.autocast)
+            with fsdp.gathered(self.critic):
+                data["values"] = batched_values(self.critic, data, mb_spec=cfg.critic.mb_spec,
+                                                autocast_dtype=self.autocast)
         t2 = time.time()
         adv = compute_advantage(self.advantage_fn, data, a, sizes, all_reduce=self.sum_fn)
         # Every process must run the same number of optimizer steps.

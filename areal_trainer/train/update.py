@@ -5,6 +5,10 @@ loss or gradient norm is not finite.
 Each optimizer step's loss is ``sum over its micro-batches of (sum of per-unit terms) /
 normaliser``, where the normaliser (valid tokens, or sequences) is summed over all micro-batches
 of the step *before* any backward. The gradient is therefore independent of the micro-batch split.
+
+With an FSDP2-sharded model (``fsdp.py``) every forward/backward is a collective: ranks with fewer
+micro-batches than the busiest rank run zero-weight copies of one of theirs, and the gradient
+norm is that of the sharded (``DTensor``) gradients, the same on every rank.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from collections.abc import Callable
 
 import torch
 
+from .. import fsdp
 from ..config.parts import MicroBatchSpec
 from ..loss.stats import reduce_stats
 from ..rollout.batch import select_rows
@@ -64,12 +69,15 @@ def optimizer_steps(batch: dict[str, torch.Tensor], *, model: torch.nn.Module, o
     norms, losses = [], []
     skipped = 0
     params = [p for p in model.parameters() if p.requires_grad]
+    sharded = fsdp.is_sharded(model)
     for rows in balanced_partition(lengths, n_minibatches):
         micros = [torch.tensor(m) for m in micro_batches(rows, lengths, mb_spec)]
         subs = [select_rows(batch, m) for m in micros]
         normalizer = sum(normalizer_of(s) for s in subs)
         if all_reduce is not None:
             normalizer = all_reduce(normalizer.clone())
+        # FSDP2: each forward/backward is a collective; agree on their number before running any
+        n_pad = fsdp.max_over_ranks(len(subs)) - len(subs) if sharded else 0
         optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), device=batch["input_ids"].device)
         for sub in subs:
@@ -77,9 +85,11 @@ def optimizer_steps(batch: dict[str, torch.Tensor], *, model: torch.nn.Module, o
             loss.backward()
             total = total + loss.detach()
             micro_stats.append(stats)
+        for _ in range(n_pad):
+            (loss_of(subs[0], normalizer)[0] * 0).backward()  # keeps the collectives in step; adds nothing
         if sync_grads is not None:
             sync_grads(params)
-        norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
+        norm = fsdp.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
         if not (torch.isfinite(total) and torch.isfinite(norm)):
             optimizer.zero_grad(set_to_none=True)  # weights untouched
             skipped += 1

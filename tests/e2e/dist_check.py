@@ -1,12 +1,18 @@
 """Worker for the data-parallel equality test: one GRPO update on a fixed global batch of 8 rows
 (4 prompt groups of 2). Run alone it uses the whole batch; under a 2-process launcher each rank
 takes 2 groups. It writes the advantages, the summed loss and the parameter change to
-``<out>/rank<r>.pt``."""
+``<out>/rank<r>.pt``.
+
+``--fsdp``: micro-batches of at most 20 tokens (so the two ranks run different numbers of them) and
+gradient clipping; under ``accelerate launch --use_fsdp --fsdp_version 2`` the policy is then
+sharded with FSDP2 and the parameter change is gathered in full."""
 
 import sys
 
 import torch
+from torch.distributed.tensor import DTensor
 
+from areal_trainer import fsdp
 from areal_trainer.advantage.stages import resolve_advantage
 from areal_trainer.config import load_config
 from areal_trainer.dist import init_distributed
@@ -14,6 +20,7 @@ from areal_trainer.loss import bind_policy_loss
 from areal_trainer.model.builtin import build_model, build_tokenizer
 from areal_trainer.rollout.batch import concat_groups, make_row, stack_rows
 from areal_trainer.train.step import compute_advantage, policy_update, training_batch
+from areal_trainer.train.update import balanced_partition, micro_batches
 
 
 def global_groups():
@@ -33,30 +40,43 @@ def global_groups():
     return groups
 
 
-def main(out: str) -> None:
+def flat_params(model) -> torch.Tensor:
+    """All parameters as one vector, sharded ones gathered in full (collective)."""
+    return torch.cat([(p.full_tensor() if isinstance(p, DTensor) else p).detach().reshape(-1).clone()
+                      for p in model.parameters()])
+
+
+def main(out: str, fsdp_mode: bool = False) -> None:
     ctx, _ = init_distributed("cpu")
+    assert ctx.fsdp == (fsdp_mode and ctx.enabled), "FSDP2 requested by the launcher was not detected"
+    extra = ["actor.mb_spec.max_tokens_per_mb=20", "actor.optimizer.gradient_clipping=0.005"] if fsdp_mode else \
+        ["actor.optimizer.gradient_clipping=0"]
     cfg = load_config("grpo", ["actor.use_decoupled_loss=false", "actor.recompute_logprob=false",
-                               "actor.rejection_sampling=null", "actor.optimizer.gradient_clipping=0",
-                               "actor.ppo_n_minibatches=2"]).actor
+                               "actor.rejection_sampling=null", "actor.ppo_n_minibatches=2", *extra]).actor
     tok = build_tokenizer()
     model = build_model("builtin:tiny", tok, seed=0)
-    before = torch.cat([p.detach().reshape(-1).clone() for p in model.parameters()])
+    before = flat_params(model)
+    if ctx.fsdp:
+        fsdp.shard_model(model, fsdp.device_mesh(torch.device("cpu"), ctx.world_size))
     groups = global_groups()
     per = len(groups) // ctx.world_size
     data, sizes = concat_groups(groups[ctx.rank * per:(ctx.rank + 1) * per])
     adv = compute_advantage(resolve_advantage(cfg), data, cfg, sizes, all_reduce=ctx.sum_fn())
     batch = training_batch(data, adv)
     batch["prox_logp"] = batch["old_logp"]
+    lengths = batch["attention_mask"].sum(1).tolist()
+    n_micro = [len(micro_batches(rows, lengths, cfg.mb_spec)) for rows in balanced_partition(lengths, 2)]
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     metrics, _ = policy_update(model, opt, batch, loss_fn=bind_policy_loss(cfg), actor_cfg=cfg, version=0,
                                autocast_dtype=None, all_reduce=ctx.sum_fn(),
-                               sync_grads=ctx.sync_gradients if ctx.enabled else None)
+                               sync_grads=ctx.sync_gradients if ctx.enabled and not ctx.fsdp else None)
     loss = ctx.all_reduce(torch.tensor(metrics["update/loss"], dtype=torch.float64))
-    delta = torch.cat([p.detach().reshape(-1) for p in model.parameters()]) - before
+    delta = flat_params(model) - before
     torch.save({"advantages": adv.advantages, "loss_mask": adv.loss_mask, "loss": loss, "delta": delta,
-                "rank": ctx.rank}, f"{out}/rank{ctx.rank}.pt")
+                "rank": ctx.rank, "fsdp": fsdp.is_sharded(model), "grad_norm": metrics["update/grad_norm"],
+                "n_micro": n_micro}, f"{out}/rank{ctx.rank}.pt")
     ctx.shutdown()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], fsdp_mode="--fsdp" in sys.argv[2:])

@@ -1,0 +1,181 @@
+"""Sharded data parallelism with FSDP2 (``torch.distributed.fsdp.fully_shard``).
+
+Requested by ``accelerate launch --use_fsdp --fsdp_version 2`` (which exports
+``ACCELERATE_USE_FSDP=true`` and ``FSDP_VERSION=2``) or, under ``torchrun``, by ``AREAL_FSDP=1``. The
+data-parallel scheme of ``dist.py`` is unchanged (each rank its own rows, losses divided by the
+*global* normaliser); only the weights, gradients and optimizer state are split over the ranks:
+
+* every decoder layer and then the whole model become FSDP2 units; each unit all-gathers its weights
+  before its forward and reduce-scatters its gradients after its backward. The reduction is a plain
+  SUM (divide factor 1), because the losses already carry the global normaliser: the summed
+  gradient is the single-process gradient, as with ``DistContext.sync_gradients``.
+* the root unit (embeddings, final norm, tied head) keeps its weights gathered from its forward
+  until its backward. ``train/logprobs.py`` runs ``model.base_model`` and then reads the head
+  weight itself, so the backbone's forward is routed through the root's FSDP hooks
+  (:func:`_route_backbone_through_root`).
+* training forwards and backwards are collectives, so every rank must run the same number of them
+  (``train/update.py`` pads with zero-weight micro-batches). Generation and the other no-grad
+  forwards run inside :func:`gathered`, which unshards the whole model once and keeps it so: they
+  then need no communication, and ranks may generate different numbers of tokens or batches.
+* checkpoints and weight pushes use the full (unsharded) state dict, so checkpoints stay plain
+  Hugging Face weights that load with or without FSDP.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, fully_shard, register_fsdp_forward_method
+from torch.distributed.tensor import DTensor
+
+from .errors import UserError
+
+ENV_FLAG = "AREAL_FSDP"
+
+
+def requested() -> bool:
+    """Whether the launcher asked for FSDP2 (``accelerate launch --use_fsdp --fsdp_version 2``, or ``AREAL_FSDP=1``)."""
+    if os.environ.get(ENV_FLAG, "").lower() in ("1", "true", "yes"):
+        return True
+    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() not in ("1", "true"):
+        return False
+    if os.environ.get("FSDP_VERSION", "1") != "2":
+        raise UserError("accelerate launch --use_fsdp defaults to FSDP version 1, which this trainer does not "
+                        "implement; add --fsdp_version 2.")
+    return True
+
+
+def is_sharded(model) -> bool:
+    return isinstance(model, FSDPModule)
+
+
+def device_mesh(device: torch.device, world_size: int):
+    return init_device_mesh(device.type, (world_size,))
+
+
+def _layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The transformer blocks: the classes Hugging Face names in ``_no_split_modules`` (none: the
+    root is the only unit, still sharded, but gathered whole for every forward)."""
+    names = {n for m in model.modules() for n in (getattr(m, "_no_split_modules", None) or [])}
+    return [m for m in model.modules() if type(m).__name__ in names]
+
+
+def shard_model(model: torch.nn.Module, mesh) -> torch.nn.Module:
+    """Shard ``model`` in place (each transformer block, then the root); returns it.
+
+    ``fully_shard`` replaces the parameters by sharded ``DTensor`` ones: build the optimizer after
+    this, and copy the model (reference policy, critic) before it.
+    """
+    for layer in _layers(model):
+        fully_shard(layer, mesh=mesh, reshard_after_forward=True)
+    fully_shard(model, mesh=mesh, reshard_after_forward=False)
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.set_gradient_divide_factor(1.0)  # sum over ranks: the losses carry the global normaliser
+            m.set_force_sum_reduction_for_comms(True)  # plain SUM collectives (gloo has no AVG/PREMUL_SUM)
+    if hasattr(model, "get_output_embeddings") and getattr(model, "base_model", model) is not model:
+        _route_backbone_through_root(model)
+    return model
+
+
+def _route_backbone_through_root(model: torch.nn.Module) -> None:
+    """Make ``model.base_model(...)`` called on its own behave like a forward of the root unit.
+
+    The policy's log-probabilities come from the backbone plus the head weight, read directly
+    (``train/logprobs.py``); the root's pre-forward hook must gather the embeddings and head first,
+    and its post-forward hook must register the backward that reduce-scatters their gradients. A
+    backbone call from inside the root's own forward (``generate``) passes straight through.
+    """
+    backbone = model.base_model
+    plain = backbone.forward
+    model.fsdp_backbone_forward = plain
+    register_fsdp_forward_method(model, "fsdp_backbone_forward")
+    depth = [0]  # > 0 while the root's own forward runs
+    model.register_forward_pre_hook(lambda *_: depth.__setitem__(0, depth[0] + 1))
+    model.register_forward_hook(lambda *_: depth.__setitem__(0, depth[0] - 1), always_call=True)
+
+    def forward(*args, **kwargs):
+        return (plain if depth[0] else model.fsdp_backbone_forward)(*args, **kwargs)
+
+    backbone.forward = forward
+
+
+@contextlib.contextmanager
+def gathered(model):
+    """Keep the whole sharded ``model`` unsharded (one all-gather per unit on entry, reshard on exit).
+
+    Forwards inside need no communication, so ranks may run different numbers of them (generation
+    stops when a rank's own sequences end). For no-grad use only. A no-op for an unsharded model.
+    """
+    if not is_sharded(model):
+        yield model
+        return
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    for m in units:
+        m.set_reshard_after_forward(False, recurse=False)
+        m.unshard()
+    try:
+        yield model
+    finally:
+        for m in units:
+            m.reshard()
+            m.set_reshard_after_forward(m is not model, recurse=False)  # as shard_model set them
+
+
+def full_state_dict(model, *, all_ranks: bool = False) -> dict[str, torch.Tensor]:
+    """The full weights of ``model`` (collective: call on every rank).
+
+    On rank 0 only, on the CPU (for checkpoints), or with ``all_ranks`` on every rank, on the
+    model's device (to push weights to a rollout engine).
+    """
+    if not is_sharded(model):
+        return model.state_dict()
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=not all_ranks)
+    return get_model_state_dict(model, options=opts)
+
+
+def optimizer_state(model, optimizer) -> dict:
+    """The optimizer state to checkpoint; for a sharded model the full state on rank 0 (collective)."""
+    if not is_sharded(model):
+        return optimizer.state_dict()
+    return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def load_optimizer_state(model, optimizer, state: dict) -> None:
+    """Inverse of :func:`optimizer_state` (every rank passes the full state it read from the checkpoint)."""
+    if not is_sharded(model):
+        optimizer.load_state_dict(state)
+        return
+    set_optimizer_state_dict(model, optimizer, optim_state_dict=state, options=StateDictOptions(full_state_dict=True))
+
+
+def clip_grad_norm_(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """``torch.nn.utils.clip_grad_norm_`` that also works on sharded (``DTensor``) gradients.
+
+    The norm of sharded gradients is a partial ``DTensor``; ``full_tensor()`` all-reduces it, so
+    every rank clips with (and reports) the same global norm.
+    """
+    total = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+    if isinstance(total, DTensor):
+        total = total.full_tensor()
+    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+    return total
+
+
+def max_over_ranks(n: int) -> int:
+    """The largest ``n`` of all ranks (collective)."""
+    t = torch.tensor(n, dtype=torch.int64)
+    if dist.get_backend() == "nccl":
+        t = t.cuda()
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t)

@@ -1,0 +1,71 @@
+"""FSDP2 through ``accelerate launch --use_fsdp --fsdp_version 2``: two gloo processes with the policy
+sharded compute the same loss, gradient norm and update (parameters compared in full) as one
+process on the same global batch, also when the ranks run different numbers of micro-batches; a
+two-process CLI run writes its metrics and full Hugging Face checkpoints, and resumes from them."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import torch
+
+from .helpers import ROOT, cli_env
+
+WORKER = os.path.join(os.path.dirname(__file__), "dist_check.py")
+LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--use_fsdp", "--fsdp_version", "2",
+          "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+ARGS = ["-m", "areal_trainer", "--config-name", "grpo", "+scale=tiny", "train_dataset.batch_size=4", "trial_name=fsdp"]
+
+
+def _run(cmd, cwd, timeout=300):
+    """Run a launcher; on a timeout (a collective out of step hangs) kill it with its workers."""
+    proc = subprocess.Popen(cmd, cwd=cwd, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        _, err = proc.communicate()
+        raise AssertionError(f"timed out after {timeout} s (hung collective?)\n{err[-4000:]}") from None
+    assert proc.returncode == 0, err[-4000:]
+
+
+def test_fsdp_two_processes_equal_one(tmp_path):
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    _run([sys.executable, WORKER, str(tmp_path / "one"), "--fsdp"], ROOT)
+    _run([*LAUNCH, WORKER, str(tmp_path / "two"), "--fsdp"], ROOT)
+    one = torch.load(tmp_path / "one" / "rank0.pt")
+    r0, r1 = (torch.load(tmp_path / "two" / f"rank{r}.pt") for r in (0, 1))
+    assert not one["fsdp"] and r0["fsdp"] and r1["fsdp"]
+    assert r0["n_micro"] != r1["n_micro"]  # the padding of the shorter rank is exercised
+    assert one["grad_norm"] > 0.005  # the clipping (at 0.005) is exercised
+    torch.testing.assert_close(r0["loss"], one["loss"], atol=1e-6, rtol=1e-5)
+    assert abs(r0["grad_norm"] - one["grad_norm"]) <= 1e-4 * one["grad_norm"]
+    assert r0["grad_norm"] == r1["grad_norm"]
+    assert one["delta"].abs().max() > 1e-4
+    torch.testing.assert_close(r0["delta"], one["delta"], atol=3e-7, rtol=1e-4)  # ~ float32 ulp of the weights
+    torch.testing.assert_close(r1["delta"], r0["delta"], atol=0, rtol=0)  # the same full weights on every rank
+
+
+def test_fsdp_cli_run_checkpoint_and_resume(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    _run([*LAUNCH, *ARGS, "total_train_steps=2"], tmp_path)
+    run = tmp_path / "outputs" / "grpo" / "fsdp"
+    with open(run / "metrics.jsonl") as f:
+        steps = [r for r in map(json.loads, f) if "reward/task" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    assert all(r["rollout/rows"] == 8 for r in steps)  # 4 prompts x 2 samples, split over 2 processes
+    ckpt = run / "checkpoints" / "step_2"
+    model = AutoModelForCausalLM.from_pretrained(ckpt / "actor")  # full weights, loadable without FSDP
+    assert sum(p.numel() for p in model.parameters()) > 10**6
+    state = torch.load(ckpt / "trainer_state.pt", weights_only=False)
+    assert "model.embed_tokens.weight" in state["optimizer"]["state"]  # the full optimizer state
+
+    _run([*LAUNCH, *ARGS, "total_train_steps=3", "recover.mode=auto"], tmp_path)
+    with open(run / "metrics.jsonl") as f:
+        assert [r["step"] for r in map(json.loads, f) if "reward/task" in r] == [1, 2, 3]
+    assert (run / "checkpoints" / "step_3" / "COMPLETE").exists()
