@@ -5,9 +5,11 @@ import os
 import signal
 import time
 
+import pytest
+
 from .helpers import cli, popen
 
-ARGS = ["--config-name", "grpo", "+scale=tiny", "total_train_steps=6", "saver.freq_steps=2", "evaluator.freq_steps=3"]
+COMMON = ["+scale=tiny", "total_train_steps=6", "saver.freq_steps=2", "evaluator.freq_steps=3"]
 
 
 def _records(run_dir):
@@ -19,11 +21,13 @@ def _comparable(record):
     return {k: v for k, v in record.items() if not k.startswith(("time/", "perf/"))}
 
 
-def test_sigkill_then_resume_matches_uninterrupted(tmp_path):
+@pytest.mark.parametrize("algo", ["grpo", "ppo"])  # ppo: critic, its optimizer and values restored too
+def test_sigkill_then_resume_matches_uninterrupted(tmp_path, algo):
+    ARGS = ["--config-name", algo, *COMMON]
     cli([*ARGS, "trial_name=full"], cwd=tmp_path)
-    full = _records(tmp_path / "outputs" / "grpo" / "full")
+    full = _records(tmp_path / "outputs" / algo / "full")
 
-    run = tmp_path / "outputs" / "grpo" / "killed"
+    run = tmp_path / "outputs" / algo / "killed"
     proc = popen([*ARGS, "trial_name=killed"], cwd=tmp_path)
     deadline = time.time() + 240
     while not (run / "checkpoints" / "step_2" / "COMPLETE").exists():
