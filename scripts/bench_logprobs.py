@@ -102,6 +102,10 @@ def worker(args) -> dict:
     return {"peak_mib": (peak - base) / 2**20, "seconds": seconds}
 
 
+MEM_TARGET, TIME_TARGET = 0.25, 1.2
+"""The targets: peak memory and time of the chunked path relative to the full softmax."""
+
+
 def check(device: str, chunk_size: int, masked: float) -> tuple[float, float, float]:
     """Max |difference| of logp, entropy and (h, W) gradients between the variants on a small case."""
     out = []
@@ -150,6 +154,7 @@ def main() -> None:
               f"{'full s':>7} {'chunked s':>9} {'time ratio':>10} | per-rep time ratios")
     print(header)
     print("-" * len(header))
+    verdicts = []
     for vocab in args.vocab:
         chunk = args.chunk_size or default_chunk_size(vocab)
         for masked in args.masked:
@@ -164,6 +169,13 @@ def main() -> None:
             print(f"{vocab:>7} {chunk:>5} {masked:>6.0%} | {f['peak_mib']:>8.0f} {c['peak_mib']:>11.0f} "
                   f"{c['peak_mib'] / f['peak_mib']:>9.3f} | {f['seconds']:>7.2f} {c['seconds']:>9.2f} "
                   f"{c['seconds'] / f['seconds']:>10.2f} | {per_rep}", flush=True)
+            verdicts.append(f"V={vocab} masked {masked:.0%}: memory {c['peak_mib'] / f['peak_mib']:.3f}x "
+                            f"({'met' if c['peak_mib'] <= MEM_TARGET * f['peak_mib'] else 'MISSED'}), time "
+                            f"{c['seconds'] / f['seconds']:.2f}x "
+                            f"({'met' if c['seconds'] <= TIME_TARGET * f['seconds'] else 'MISSED'})")
+    print(f"targets: chunked peak memory <= {MEM_TARGET}x and time <= {TIME_TARGET}x of the full softmax")
+    for v in verdicts:
+        print("  " + v)
 
 if __name__ == "__main__":
     main()
