@@ -20,6 +20,13 @@ TAIL = 10
 """Training reward is the mean over the last ``TAIL`` steps (one step is a noisy sample)."""
 
 
+def _reward(record: dict) -> float:
+    """The step's mean reward over every sampled answer. ``reward/task`` is over the trained batch,
+    which a dynamic filter (DAPO) has already cleared of zero-variance groups, so it is not
+    comparable across algorithms; it is the fallback for records without ``reward/sampled``."""
+    return record.get("reward/sampled", record["reward/task"])
+
+
 def _run_info(run_dir: str) -> dict | None:
     metrics = os.path.join(run_dir, "metrics.jsonl")
     cfg_path = os.path.join(run_dir, ".hydra", "config.yaml")
@@ -34,15 +41,19 @@ def _run_info(run_dir: str) -> dict | None:
     return {
         "algorithm": cfg.get("algorithm", "?"), "seed": cfg.get("seed"), "dir": os.path.basename(run_dir),
         "steps": len(steps), "acc_before": acc[0] if acc else None, "acc_after": acc[-1] if len(acc) > 1 else None,
-        "reward_last": sum(r["reward/task"] for r in steps[-TAIL:]) / max(1, len(steps[-TAIL:])) if steps else None,
+        "reward_last": sum(_reward(r) for r in steps[-TAIL:]) / max(1, len(steps[-TAIL:])) if steps else None,
         "sec_per_step": sum(times) / len(times) if times else None,
-        "curve": [(r["step"], r["reward/task"]) for r in steps],
+        "curve": [(r["step"], _reward(r)) for r in steps],
     }
 
 
 def collect(sweep_dir: str) -> list[dict]:
     runs = []
-    for name in sorted(os.listdir(sweep_dir)):
+    def job_order(name: str):  # Hydra's job number first ("10-dapo" after "2-grpo"), then the name
+        head = name.split("-", 1)[0]
+        return (0, int(head), name) if head.isdigit() else (1, 0, name)
+
+    for name in sorted(os.listdir(sweep_dir), key=job_order):
         info = _run_info(os.path.join(sweep_dir, name))
         if info:
             runs.append(info)
@@ -57,7 +68,7 @@ def _fmt(x, pct=False) -> str:
 
 def table(runs: list[dict]) -> str:
     """Markdown: one row per run, then one row per algorithm with the mean over seeds."""
-    lines = ["| algorithm | seed | held-out acc. before RL | after RL | change (points) | train reward (last 10 steps) | s/step |",
+    lines = ["| algorithm | seed | held-out acc. before RL | after RL | change (points) | sampled reward (last 10 steps) | s/step |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     by_algo = defaultdict(list)
     for r in runs:
@@ -66,7 +77,7 @@ def table(runs: list[dict]) -> str:
         lines.append(f"| {r['algorithm']} | {r['seed']} | {_fmt(r['acc_before'], True)} | {_fmt(r['acc_after'], True)} | "
                      f"{'-' if gain is None else f'{gain:+.1f}'} | {_fmt(r['reward_last'])} | {_fmt(r['sec_per_step'])} |")
     if any(len(v) > 1 for v in by_algo.values()):
-        lines += ["", "| algorithm | seeds | mean acc. after RL | mean change (points) | mean train reward |", "| --- | --- | --- | --- | --- |"]
+        lines += ["", "| algorithm | seeds | mean acc. after RL | mean change (points) | mean sampled reward |", "| --- | --- | --- | --- | --- |"]
         for algo, rs in by_algo.items():
             done = [r for r in rs if r["acc_after"] is not None and r["acc_before"] is not None]
             if not done:
@@ -95,7 +106,7 @@ def plot(runs: list[dict], path: str) -> str:
         mean = [sum(c[s] for c in curves) / len(curves) for s in steps]
         smooth = [sum(mean[max(0, i - 9): i + 1]) / len(mean[max(0, i - 9): i + 1]) for i in range(len(mean))]
         ax.plot(steps, smooth, label=f"{algo} (n={len(curves)})")
-    ax.set(xlabel="step", ylabel="training reward (moving avg of 10)", title="reward by algorithm")
+    ax.set(xlabel="step", ylabel="reward of sampled answers (moving avg of 10)", title="reward by algorithm")
     ax.legend(fontsize=8, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -1,0 +1,33 @@
+"""The sweep summary: job order, and the reward that is comparable across algorithms."""
+
+import json
+import os
+
+from areal_trainer.tracking.sweep import collect, summarize
+
+
+def _run(root, name, algo, seed, rewards, sampled=None, acc=(0.2, 0.5)):
+    d = os.path.join(root, name)
+    os.makedirs(os.path.join(d, ".hydra"))
+    with open(os.path.join(d, ".hydra", "config.yaml"), "w") as f:
+        f.write(f"algorithm: {algo}\nseed: {seed}\n")
+    with open(os.path.join(d, "metrics.jsonl"), "w") as f:
+        f.write(json.dumps({"step": 0, "eval/accuracy": acc[0]}) + "\n")
+        for i, r in enumerate(rewards, 1):
+            rec = {"step": i, "reward/task": r, "time/step": 1.0}
+            if sampled is not None:
+                rec["reward/sampled"] = sampled[i - 1]
+            f.write(json.dumps(rec) + "\n")
+        f.write(json.dumps({"step": len(rewards), "eval/accuracy": acc[1]}) + "\n")
+
+
+def test_jobs_in_hydra_order_and_sampled_reward_preferred(tmp_path):
+    _run(tmp_path, "2-grpo-seed1", "grpo", 1, [0.1, 0.3])
+    _run(tmp_path, "10-dapo-seed1", "dapo", 1, [0.9, 0.9], sampled=[0.2, 0.4])  # filtered batch vs all answers
+    runs = collect(str(tmp_path))
+    assert [r["dir"] for r in runs] == ["2-grpo-seed1", "10-dapo-seed1"]
+    assert runs[0]["reward_last"] == 0.2  # reward/task when nothing else is logged
+    assert abs(runs[1]["reward_last"] - 0.3) < 1e-12  # reward/sampled, not the filtered batch's 0.9
+    md, png = summarize(str(tmp_path))
+    assert "| dapo | 1 | 20.0% | 50.0% | +30.0 | 0.300 | 1.000 |" in md
+    assert os.path.getsize(png) > 1000
