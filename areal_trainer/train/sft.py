@@ -71,12 +71,14 @@ def cache_root() -> str:
 
 def warmstart_key(parts: dict) -> str:
     """A key for the warm-start cache: the settings plus the source of every module that shapes the
-    result (the task generator, the built-in model and tokenizer, this file), so edits invalidate it."""
+    result (the task generator, the built-in model and tokenizer, the training forward, this file),
+    so edits invalidate it."""
     from ..data import arith
     from ..model import builtin
+    from . import logprobs, packing
 
     h = hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode())
-    for module in (arith, builtin, sys.modules[__name__]):
+    for module in (arith, builtin, logprobs, packing, sys.modules[__name__]):
         with open(module.__file__, "rb") as f:
             h.update(f.read())
     h.update(torch.__version__.encode())
