@@ -12,12 +12,7 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 VPY=.venv/bin/python
-pipq() {  # quiet pip, without the warnings about package-index folders absent on this machine
-  local out rc=0
-  out=$("$VPY" -m pip --disable-pip-version-check -q "$@" 2>&1) || rc=$?
-  printf '%s\n' "$out" | grep -v -e "is ignored: it is neither a file nor a directory" -e '^$' || true
-  return "$rc"
-}
+source scripts/pip_quiet.sh
 if ! "$VPY" -c "import torch" 2>/dev/null; then
   if [ -n "${TORCH_SPEC:-}" ]; then
     spec="$TORCH_SPEC"

@@ -43,12 +43,7 @@ else
 fi
 
 VPY="$VENV/bin/python"
-pipq() {  # quiet pip, without the warnings about package-index folders absent on this machine
-  local out rc=0
-  out=$("$VPY" -m pip --disable-pip-version-check -q "$@" 2>&1) || rc=$?
-  printf '%s\n' "$out" | grep -v -e "is ignored: it is neither a file nor a directory" -e '^$' || true
-  return "$rc"
-}
+source scripts/pip_quiet.sh
 CONS=$(mktemp)
 trap 'rm -f "$CONS"' EXIT
 
