@@ -33,8 +33,15 @@ class StatsLogger:
         """On resume, drop records of steps after the checkpoint (they will be redone)."""
         if not os.path.exists(self.path):
             return
+        keep = []
         with open(self.path) as f:
-            keep = [line for line in f if line.strip() and json.loads(line).get("step", 0) <= step]
+            for line in f:
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:  # a line cut short by the kill
+                    continue
+                if record.get("step", 0) <= step:
+                    keep.append(line if line.endswith("\n") else line + "\n")
         with open(self.path, "w") as f:
             f.writelines(keep)
 

@@ -293,9 +293,11 @@ class RLTrainer:
                 final = self.step == self.total_steps
                 if self._due(self.cfg.evaluator, self.last_eval) or final:
                     metrics.update(self._evaluate())
+                # The record goes to disk before the checkpoint: a checkpoint then always implies its
+                # step's record, and a kill between the two only repeats that step on resume.
+                log.log(self.step, metrics)
                 if self._due(self.cfg.saver, self.last_save) or self._due(self.cfg.recover, self.last_save):
                     self._save()
-                log.log(self.step, metrics)
                 last = metrics
                 bar.set_postfix(reward=f"{metrics['reward/task']:.3f}",
                                 **({"acc": f"{metrics['eval/accuracy']:.3f}"} if "eval/accuracy" in metrics else {}))

@@ -34,6 +34,8 @@ def test_sigkill_then_resume_matches_uninterrupted(tmp_path, algo):
         assert proc.poll() is None, proc.stderr.read()
         assert time.time() < deadline
         time.sleep(0.01)
+    # A complete checkpoint implies its step's metrics record is already on disk.
+    assert 2 in _records(run)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     done = sorted(int(d.split("_")[1]) for d in os.listdir(run / "checkpoints") if d.startswith("step_"))
