@@ -8,15 +8,16 @@ Two things keep the training forward lean:
   block-diagonal causal mask of transformers on sdpa/eager), so no padding token is computed.
   Models that cannot pack fall back to the right-padded forward; outputs are the same ``[B, S]``.
 * **Chunked head** (:class:`ChunkedLogProbs`): the vocabulary projection, log-softmax and entropy
-  run on ``chunk_size`` tokens at a time (default: 128 MiB of float32 logits per chunk), in one
-  reused ``[chunk_size, V]`` buffer (a second one holds ``exp`` for the entropy); no ``[N, V]``
-  tensor ever exists. Only the hidden states and the per-token log-partition are saved. Backward
-  recomputes each chunk's logits, turns them into the softmax gradient in place, and accumulates
-  the hidden and weight gradients chunk by chunk: exact (the recomputation repeats the forward's
-  operations bit for bit), at the price of one extra ``[N, H] x [H, V]`` matmul (four instead of
-  the three of a plain autograd forward/backward). Tokens whose upstream gradient is exactly 0
+  run on ``chunk_size`` tokens at a time (default: at most 1024 tokens and 256 MiB of float32
+  logits per chunk), in one reused ``[chunk_size, V]`` buffer (a second one holds ``exp``); no
+  ``[N, V]`` tensor ever exists. Saved for backward are the hidden states, the per-token
+  log-partition, and the last chunk's logits, which stay in the buffer the backward works in.
+  Backward starts from that chunk, recomputes the logits of the others, turns them into the
+  softmax gradient in place, and accumulates the hidden and weight gradients chunk by chunk. The
+  price is one extra ``[N, H] x [H, V]`` matmul over all chunks but the last (four instead of the
+  three of a plain autograd forward/backward). Tokens whose upstream gradient is exactly 0
   (loss-masked prompt tokens, clipped PPO ratios: ``torch.where`` masking gives exact zeros) are
-  left out of the backward, which wins that matmul back in a real policy loss.
+  left out of the recomputation, which wins that matmul back in a real policy loss.
 """
 
 from __future__ import annotations
@@ -28,13 +29,16 @@ import torch.nn.functional as F
 
 from .packing import is_varlen, pack, packed_apply, real_token_hidden, use_packing
 
-CHUNK_ELEMENTS = 1 << 25
-"""Default chunk budget: ``chunk_size x V`` float32 logits of 128 MiB (1024 tokens at V=32k, 220 at 152k)."""
+CHUNK_ELEMENTS = 1 << 26
+"""Default chunk budget: ``chunk_size x V`` float32 logits of at most 256 MiB (441 tokens at V=152k)."""
+CHUNK_TOKENS = 1024
+"""Default upper bound on tokens per chunk (1024 at V=32k: 128 MiB). Larger chunks cut the number of
+passes over the ``[V, H]`` weight gradient; beyond about a thousand tokens that gain is gone."""
 
 
 def default_chunk_size(vocab_size: int) -> int:
-    """Tokens per head chunk for a vocabulary of ``vocab_size``: ``2^25 / V``, within [64, 4096]."""
-    return max(64, min(4096, CHUNK_ELEMENTS // max(vocab_size, 1)))
+    """Tokens per head chunk for a vocabulary of ``vocab_size``: ``2^26 / V``, within [64, 1024]."""
+    return max(64, min(CHUNK_TOKENS, CHUNK_ELEMENTS // max(vocab_size, 1)))
 
 
 def _compute_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
@@ -66,19 +70,24 @@ class ChunkedLogProbs(torch.autograd.Function):
     """``(hidden [N, H], weight [V, H], bias [V] | None, labels [N])`` -> ``(logp [N], entropy [N])``.
 
     ``logp[i] = log_softmax((hidden @ weight.T + bias) / T)[i, labels[i]]`` in float32; the entropy of
-    the same distribution is returned detached. Only ``hidden`` and the ``[N]`` log-partition are saved.
+    the same distribution is returned detached. Saved for backward: ``hidden``, the ``[N]``
+    log-partition and, when a gradient is needed, the last chunk's logits (in the buffer the
+    backward works in anyway, so that chunk is not recomputed).
     """
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, labels, temperature: float, chunk_size: int, with_entropy: bool,
                 compute_dtype: torch.dtype):
         n_tok, vocab = hidden.shape[0], weight.shape[0]
+        keep_last = any(ctx.needs_input_grad[:3])
         logp = torch.empty(n_tok, dtype=torch.float32, device=hidden.device)
         lse = torch.empty_like(logp)
         entropy = torch.zeros_like(logp)
         rows = max(1, min(chunk_size, n_tok))
         buf = hidden.new_empty(rows, vocab, dtype=torch.float32)
-        buf_p = hidden.new_empty(rows, vocab, dtype=torch.float32) if with_entropy else None
+        # exp() goes to a second buffer when the entropy needs the logits afterwards, or when the
+        # last chunk's logits are kept for backward; otherwise it overwrites them in place.
+        buf_p = hidden.new_empty(rows, vocab, dtype=torch.float32) if with_entropy or keep_last else None
         with torch.autocast(hidden.device.type, enabled=False):
             w = weight.to(compute_dtype)
             b = bias.to(compute_dtype) if bias is not None else None
@@ -88,17 +97,21 @@ class ChunkedLogProbs(torch.autograd.Function):
                 m = z.amax(-1, keepdim=True)
                 z.sub_(m)  # shifted logits, <= 0
                 target = z.gather(-1, labels[s:e, None]).squeeze(-1)
-                if with_entropy:
+                if buf_p is not None:
                     p = torch.exp(z, out=buf_p[: e - s])
                     total = p.sum(-1)
-                    # H = log Z - sum(exp(z) z) / Z  with shifted logits z and Z = sum exp(z)
-                    entropy[s:e] = total.log() - p.mul_(z).sum(-1) / total
+                    if with_entropy:
+                        # H = log Z - sum(exp(z) z) / Z  with shifted logits z and Z = sum exp(z)
+                        entropy[s:e] = total.log() - p.mul_(z).sum(-1) / total
                 else:
                     total = z.exp_().sum(-1)
                 log_total = total.log()
                 logp[s:e] = target - log_total
                 lse[s:e] = m.squeeze(-1) + log_total
-        del buf, buf_p
+        del buf_p
+        # The last chunk's shifted logits stay in `buf`, with the row where that chunk starts and
+        # its log-partition relative to the shift.
+        ctx.last_chunk = (buf, s, log_total) if keep_last else None
         ctx.save_for_backward(hidden, weight, bias, labels, lse)
         ctx.temperature, ctx.chunk_size, ctx.compute_dtype = temperature, chunk_size, compute_dtype
         ctx.mark_non_differentiable(entropy)
@@ -107,53 +120,67 @@ class ChunkedLogProbs(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_logp, grad_entropy):
         hidden, weight, bias, labels, lse = ctx.saved_tensors
+        last, ctx.last_chunk = ctx.last_chunk, None  # consumed: a second backward recomputes everything
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        full_shape = hidden.shape
-        # d logp_i / d raw_logits = (onehot(y_i) - softmax_i) / T, times the upstream g_i. Tokens with
-        # g_i == 0 (prompt and other loss-masked tokens, clipped PPO ratios) contribute nothing: skip them.
-        scale = grad_logp.float() / ctx.temperature
-        rows = None if bool((scale != 0).all()) else scale.nonzero().squeeze(-1)
-        if rows is not None:
-            hidden, labels, lse, scale = (t.index_select(0, rows) for t in (hidden, labels, lse, scale))
+        cdt, temperature = ctx.compute_dtype, ctx.temperature
+        # d logp_i / d raw_logits = (onehot(y_i) - softmax_i) / T, times the upstream g_i.
+        scale = grad_logp.float() / temperature
         with torch.autocast(hidden.device.type, enabled=False):
-            grad_h, grad_w, grad_b = _head_grads(hidden, weight, bias, labels, lse, scale, ctx.chunk_size,
-                                                 ctx.compute_dtype, ctx.temperature, need_h, need_w, need_b)
-        if rows is not None and need_h:
-            grad_h = grad_h.new_zeros(full_shape).index_copy_(0, rows, grad_h)
-        return grad_h, grad_w, grad_b, None, None, None, None, None
+            grads = _HeadGrads(hidden, weight, bias, cdt, need_h, need_w, need_b)
+            buf, start = None, hidden.shape[0]
+            if last is not None:
+                buf, start, log_total = last
+                g = buf[: hidden.shape[0] - start]
+                g.sub_(log_total[:, None]).exp_()  # softmax of the kept chunk, no recomputation
+                grads.add(g, scale[start:], labels[start:], slice(start, None))
+            # The other chunks, recomputed. Tokens with g_i == 0 (prompt and other loss-masked
+            # tokens, clipped PPO ratios) contribute nothing: they are left out.
+            sc = scale[:start]
+            rows = None if bool((sc != 0).all()) else sc.nonzero().squeeze(-1)
+            idx = torch.arange(start, device=hidden.device) if rows is None else rows
+            if buf is None and idx.numel():
+                buf = hidden.new_empty(max(1, min(ctx.chunk_size, idx.numel())), weight.shape[0], dtype=torch.float32)
+            for s in range(0, idx.numel(), ctx.chunk_size):
+                sel = idx[s:s + ctx.chunk_size]
+                h = hidden.index_select(0, sel) if rows is not None else hidden[s:s + ctx.chunk_size]
+                g = _chunk_logits(h.to(cdt), grads.w, grads.b, temperature, buf)
+                g.sub_(lse[sel, None]).exp_()  # softmax
+                grads.add(g, scale[sel], labels[sel], sel, h=h)
+        return (*grads.result(), None, None, None, None, None)
 
 
-def _head_grads(hidden, weight, bias, labels, lse, scale, chunk_size: int, cdt: torch.dtype, temperature: float,
-                need_h: bool, need_w: bool, need_b: bool):
-    """Gradients of ``sum_i scale_i * T * logp_i`` w.r.t. ``hidden [n, H]``, ``weight``, ``bias``, chunk by chunk,
-    recomputing each chunk's logits (bit-identical to the forward's) into one reused ``[chunk, V]`` buffer."""
-    n_tok = hidden.shape[0]
-    grad_h = torch.empty_like(hidden) if need_h else None
-    grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
-    grad_b = torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device) if need_b else None
-    buf = hidden.new_empty(max(1, min(chunk_size, n_tok)), weight.shape[0], dtype=torch.float32)
-    w = weight.to(cdt)
-    b = bias.to(cdt) if bias is not None else None
-    for s in range(0, n_tok, chunk_size):
-        e = min(s + chunk_size, n_tok)
-        h = hidden[s:e].to(cdt)
-        g = _chunk_logits(h, w, b, temperature, buf)
-        g.sub_(lse[s:e, None]).exp_()  # softmax
-        g.mul_(-scale[s:e, None])
-        g.scatter_add_(-1, labels[s:e, None], scale[s:e, None])  # (onehot - softmax) * g / T
-        g = g.to(cdt)
-        if need_h:
-            grad_h[s:e] = g @ w
-        if need_w:
-            if cdt == torch.float32:
-                grad_w.addmm_(g.t(), h)
+class _HeadGrads:
+    """Accumulates the head's gradients chunk by chunk from softmax chunks (in place, in the buffer)."""
+
+    def __init__(self, hidden, weight, bias, cdt, need_h, need_w, need_b):
+        self.hidden, self.weight, self.bias, self.cdt = hidden, weight, bias, cdt
+        self.w = weight.to(cdt)
+        self.b = bias.to(cdt) if bias is not None else None
+        self.grad_h = torch.zeros_like(hidden) if need_h else None
+        self.grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        self.grad_b = torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device) if need_b else None
+
+    def add(self, p, scale, labels, rows, h=None):
+        """``p [n, V]``: softmax of the tokens ``rows`` (a slice or an index tensor) with upstream
+        ``scale [n]`` (already divided by T); ``p`` is overwritten."""
+        p.mul_(-scale[:, None])
+        p.scatter_add_(-1, labels[:, None], scale[:, None])  # (onehot - softmax) * g / T
+        g = p.to(self.cdt)
+        if self.grad_h is not None:
+            self.grad_h[rows] = (g @ self.w).to(self.grad_h.dtype)
+        if self.grad_w is not None:
+            h = (self.hidden[rows] if h is None else h).to(self.cdt)
+            if self.cdt == torch.float32:
+                self.grad_w.addmm_(g.t(), h)
             else:
-                grad_w.add_(g.t() @ h)
-        if need_b:
-            grad_b.add_(g.sum(0))
-    grad_w = grad_w.to(weight.dtype) if need_w else None
-    grad_b = grad_b.to(bias.dtype) if need_b else None
-    return grad_h, grad_w, grad_b
+                self.grad_w.add_(g.t() @ h)
+        if self.grad_b is not None:
+            self.grad_b.add_(g.sum(0))
+
+    def result(self):
+        grad_w = self.grad_w.to(self.weight.dtype) if self.grad_w is not None else None
+        grad_b = self.grad_b.to(self.bias.dtype) if self.grad_b is not None else None
+        return self.grad_h, grad_w, grad_b
 
 
 def chunked_logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor, *,

@@ -135,6 +135,36 @@ def test_chunked_head_equals_full_softmax_with_bias_and_grads():
     assert (ent == 0).all() and lp.shape == (23,)
 
 
+@pytest.mark.parametrize("chunk", [4, 23, 7])  # several chunks, one chunk, a short last chunk
+def test_chunked_head_backward_twice_with_retained_graph(chunk):
+    """The first backward consumes the kept last chunk in place; a second one recomputes it."""
+    g = torch.Generator().manual_seed(1)
+    h = torch.randn(23, 16, generator=g, requires_grad=True)
+    w = torch.randn(50, 16, generator=g, requires_grad=True)
+    y = torch.randint(0, 50, (23,), generator=g)
+    coef = torch.randn(23, generator=g)
+    coef[-3:] = 0  # zero upstream gradients inside the kept chunk too
+    ref = torch.log_softmax(h @ w.T / 0.9, -1).gather(-1, y[:, None]).squeeze(-1)
+    ref_grads = torch.autograd.grad((coef * ref).sum(), (h, w))
+    lp, _ = chunked_logprobs(h, w, None, y, temperature=0.9, with_entropy=True, chunk_size=chunk)
+    loss = (coef * lp).sum()
+    first = torch.autograd.grad(loss, (h, w), retain_graph=True)
+    second = torch.autograd.grad(loss, (h, w))
+    for a, b, want in zip(first, second, ref_grads):
+        torch.testing.assert_close(a, want, atol=ATOL, rtol=0)
+        torch.testing.assert_close(b, want, atol=ATOL, rtol=0)
+
+
+def test_chunked_head_without_grad_keeps_no_logits():
+    g = torch.Generator().manual_seed(2)
+    h, w = torch.randn(9, 8, generator=g), torch.randn(30, 8, generator=g)
+    y = torch.randint(0, 30, (9,), generator=g)
+    lp, _ = chunked_logprobs(h, w, None, y, chunk_size=4)
+    assert lp.grad_fn is None
+    lp, _ = chunked_logprobs(h.requires_grad_(), w, None, y, chunk_size=4)
+    assert lp.grad_fn is not None and lp.grad_fn.last_chunk[0].shape == (4, 30)
+
+
 def test_chunked_head_under_autocast_matches_autocast_linear():
     g = torch.Generator().manual_seed(0)
     h, w = torch.randn(12, 32, generator=g), torch.randn(40, 32, generator=g) * 0.2
