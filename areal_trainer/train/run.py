@@ -97,8 +97,9 @@ class RLTrainer:
                                    world_size=self.dist.world_size)
         total = cfg.total_train_epochs * self.loader.steps_per_epoch
         self.total_steps = min(total, cfg.total_train_steps) if cfg.total_train_steps else total
-        self.optimizer = build_optimizer(self.model.parameters(), cfg.actor.optimizer)
-        self.scheduler = build_scheduler(self.optimizer, cfg.actor.optimizer, self.total_steps)
+        # Optimizers are built with the reference policy and critic, once the policy's parameters are
+        # final (under FSDP2, the sharded ones); the warm start has its own optimizer.
+        self.optimizer = self.scheduler = None
         self.ref = self.critic = self.critic_optimizer = self.critic_scheduler = None
         self.sum_fn = self.dist.sum_fn()
         self.sync_grads = self.dist.sync_gradients if self.dist.enabled and not self.dist.fsdp else None
@@ -106,8 +107,8 @@ class RLTrainer:
         self.last_save = self.last_eval = time.time()
 
     def _build_aux_models(self) -> None:
-        """Reference policy and critic, from the policy as RL starts (or from the checkpoint); then,
-        under FSDP2, shard the policy and critic."""
+        """Reference policy and critic, from the policy as RL starts (or from the checkpoint); under
+        FSDP2, the sharded policy and critic; then the optimizers and schedulers of both."""
         cfg = self.cfg
         self.ref = build_ref(cfg, self.model, self.tokenizer, self.device, self.resume_from)
         self.critic = build_critic(cfg, self.model, self.tokenizer, self.device, self.resume_from)
@@ -116,9 +117,8 @@ class RLTrainer:
             fsdp.shard_model(self.model, mesh)
             if self.critic is not None:
                 fsdp.shard_model(self.critic, mesh)
-            # fully_shard swapped in new (sharded) parameters: the optimizer must step those.
-            self.optimizer = build_optimizer(self.model.parameters(), cfg.actor.optimizer)
-            self.scheduler = build_scheduler(self.optimizer, cfg.actor.optimizer, self.total_steps)
+        self.optimizer = build_optimizer(self.model.parameters(), cfg.actor.optimizer)
+        self.scheduler = build_scheduler(self.optimizer, cfg.actor.optimizer, self.total_steps)
         if self.critic is not None:
             self.critic_optimizer = build_optimizer(self.critic.parameters(), cfg.critic.optimizer)
             self.critic_scheduler = build_scheduler(self.critic_optimizer, cfg.critic.optimizer, self.total_steps)
