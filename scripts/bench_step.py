@@ -94,7 +94,8 @@ def measure(workload: str, model: str, backend: str, steps: int, threads: int | 
     cfg = load_config("grpo", overrides)
     trainer = RLTrainer(cfg, os.path.join(tmp, f"run-{backend}"))
     engine = trainer.engine
-    clock = dict.fromkeys(["generate", "sync", "gen_tokens", "prompts", "prompt_tokens", "cached"], 0)
+    counters = ("generate", "sync", "gen_tokens", "prompts", "prompt_tokens", "cached")
+    clock = dict.fromkeys(counters, 0)
     generate, update_weights = engine.generate, engine.update_weights
 
     def timed_generate(prompts, gconfig):
@@ -117,7 +118,7 @@ def measure(workload: str, model: str, backend: str, steps: int, threads: int | 
     trainer._build_aux_models()
     rows = []
     for _ in range(steps + 1):
-        clock.update(generate=0.0, sync=0.0, gen_tokens=0, prompts=0, prompt_tokens=0, cached=0)
+        clock.update(dict.fromkeys(counters, 0))
         m = trainer.train_step()
         tokens = m["perf/tokens_per_s"] * m["time/step"]
         rows.append({"generate": clock["generate"], "gen_tok_s": clock["gen_tokens"] / clock["generate"],

@@ -47,13 +47,15 @@ def _run_info(run_dir: str) -> dict | None:
     }
 
 
+def _job_order(name: str):
+    """Hydra's job number first ("10-dapo" after "2-grpo"), then the name."""
+    head = name.split("-", 1)[0]
+    return (0, int(head), name) if head.isdigit() else (1, 0, name)
+
+
 def collect(sweep_dir: str) -> list[dict]:
     runs = []
-    def job_order(name: str):  # Hydra's job number first ("10-dapo" after "2-grpo"), then the name
-        head = name.split("-", 1)[0]
-        return (0, int(head), name) if head.isdigit() else (1, 0, name)
-
-    for name in sorted(os.listdir(sweep_dir), key=job_order):
+    for name in sorted(os.listdir(sweep_dir), key=_job_order):
         info = _run_info(os.path.join(sweep_dir, name))
         if info:
             runs.append(info)

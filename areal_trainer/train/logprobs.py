@@ -132,20 +132,20 @@ class ChunkedLogProbs(torch.autograd.Function):
                 buf, start, log_total = last
                 g = buf[: hidden.shape[0] - start]
                 g.sub_(log_total[:, None]).exp_()  # softmax of the kept chunk, no recomputation
-                grads.add(g, scale[start:], labels[start:], slice(start, None))
+                grads.add(g, hidden[start:], scale[start:], labels[start:], slice(start, None))
             # The other chunks, recomputed. Tokens with g_i == 0 (prompt and other loss-masked
             # tokens, clipped PPO ratios) contribute nothing: they are left out.
             sc = scale[:start]
             rows = None if bool((sc != 0).all()) else sc.nonzero().squeeze(-1)
-            idx = torch.arange(start, device=hidden.device) if rows is None else rows
-            if buf is None and idx.numel():
-                buf = hidden.new_empty(max(1, min(ctx.chunk_size, idx.numel())), weight.shape[0], dtype=torch.float32)
-            for s in range(0, idx.numel(), ctx.chunk_size):
-                sel = idx[s:s + ctx.chunk_size]
-                h = hidden.index_select(0, sel) if rows is not None else hidden[s:s + ctx.chunk_size]
+            n = start if rows is None else rows.numel()
+            if buf is None and n:
+                buf = hidden.new_empty(max(1, min(ctx.chunk_size, n)), weight.shape[0], dtype=torch.float32)
+            for s in range(0, n, ctx.chunk_size):
+                sel = slice(s, min(s + ctx.chunk_size, n)) if rows is None else rows[s:s + ctx.chunk_size]
+                h = hidden[sel]
                 g = _chunk_logits(h.to(cdt), grads.w, grads.b, temperature, buf)
                 g.sub_(lse[sel, None]).exp_()  # softmax
-                grads.add(g, scale[sel], labels[sel], sel, h=h)
+                grads.add(g, h, scale[sel], labels[sel], sel)
         return (*grads.result(), None, None, None, None, None)
 
 
@@ -153,23 +153,23 @@ class _HeadGrads:
     """Accumulates the head's gradients chunk by chunk from softmax chunks (in place, in the buffer)."""
 
     def __init__(self, hidden, weight, bias, cdt, need_h, need_w, need_b):
-        self.hidden, self.weight, self.bias, self.cdt = hidden, weight, bias, cdt
+        self.weight, self.bias, self.cdt = weight, bias, cdt
         self.w = weight.to(cdt)
         self.b = bias.to(cdt) if bias is not None else None
         self.grad_h = torch.zeros_like(hidden) if need_h else None
         self.grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
         self.grad_b = torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device) if need_b else None
 
-    def add(self, p, scale, labels, rows, h=None):
-        """``p [n, V]``: softmax of the tokens ``rows`` (a slice or an index tensor) with upstream
-        ``scale [n]`` (already divided by T); ``p`` is overwritten."""
+    def add(self, p, h, scale, labels, rows):
+        """``p [n, V]``: softmax of the tokens ``rows`` (a slice or an index tensor), whose hidden
+        states are ``h [n, H]`` and upstream ``scale [n]`` (already divided by T); ``p`` is overwritten."""
         p.mul_(-scale[:, None])
         p.scatter_add_(-1, labels[:, None], scale[:, None])  # (onehot - softmax) * g / T
         g = p.to(self.cdt)
         if self.grad_h is not None:
             self.grad_h[rows] = (g @ self.w).to(self.grad_h.dtype)
         if self.grad_w is not None:
-            h = (self.hidden[rows] if h is None else h).to(self.cdt)
+            h = h.to(self.cdt)
             if self.cdt == torch.float32:
                 self.grad_w.addmm_(g.t(), h)
             else:
