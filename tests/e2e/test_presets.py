@@ -1,15 +1,29 @@
 """Every algorithm preset trains on the built-in task through the real command line, with finite
-metrics; the custom-advantage example runs from YAML paths; DAPO's filter is applied."""
+metrics and with exactly the per-step metrics recorded in ``golden_presets.json``; the
+custom-advantage example runs from YAML paths; DAPO's filter is applied.
+
+The golden records pin the numerics of every preset (3 steps, two minibatches per step so that
+ratios, clips and SAPO gates move; a reward with variance inside every group of the untrained model). On a machine with the CPU the records were made on they must
+match bit for bit; elsewhere (other kernels, other summation orders) to a relative 1e-5.
+Regenerate them deliberately, after a change meant to alter the numbers, with
+``AREAL_UPDATE_GOLDEN=1 pytest tests/e2e/test_presets.py``.
+"""
 
 import json
 import math
 import os
+import platform
 
 import pytest
 
 from .helpers import cli
 
 ALGOS = ["ppo", "grpo", "drgrpo", "liteppo", "rloo", "dapo", "sapo", "gspo", "icepop", "kpop"]
+STEPS = 3
+GOLDEN = os.path.join(os.path.dirname(__file__), "golden_presets.json")
+ARGS = ["+scale=tiny", f"total_train_steps={STEPS}", "gconfig.n_samples=4", "train_dataset.batch_size=4",
+        "actor.ppo_n_minibatches=2", "saver.freq_steps=null", f"evaluator.freq_steps={STEPS}",
+        "reward.fn=tests.e2e.plugins.digit_share_reward"]
 
 
 def _records(run_dir):
@@ -17,11 +31,31 @@ def _records(run_dir):
         return [json.loads(line) for line in f]
 
 
+def _cpu() -> str:
+    """What decides the float kernels: the CPU model and its vector extensions."""
+    name, flags = platform.processor(), ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and not name:
+                    name = value.strip()
+                if key.strip() == "flags":
+                    flags = " ".join(sorted(x for x in value.split() if x.startswith(("avx", "amx", "fma"))))
+                    break
+    except OSError:
+        pass
+    return f"{name} | {flags}"
+
+
+def _comparable(record: dict) -> dict:
+    return {k: v for k, v in record.items() if not k.startswith(("time/", "perf/"))}
+
+
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("presets")
-    cli(["-m", f"algo={','.join(ALGOS)}", "+scale=tiny", "total_train_steps=2", "saver.freq_steps=null",
-         "hydra.sweep.dir=sweep"], cwd=tmp, timeout=900)
+    cli(["-m", f"algo={','.join(ALGOS)}", *ARGS, "hydra.sweep.dir=sweep"], cwd=tmp, timeout=900)
     return tmp / "sweep"
 
 
@@ -29,7 +63,7 @@ def sweep(tmp_path_factory):
 def test_preset_trains_with_finite_metrics(sweep, i, algo):
     records = _records(sweep / f"{i}-{algo}-seed1")
     steps = [r for r in records if "reward/task" in r]
-    assert [r["step"] for r in steps] == [1, 2]
+    assert [r["step"] for r in steps] == list(range(1, STEPS + 1))
     for r in steps:
         for k, v in r.items():
             if isinstance(v, float) and not k.endswith(("/min", "/max")):
@@ -43,6 +77,30 @@ def test_preset_trains_with_finite_metrics(sweep, i, algo):
         assert "actor/rejection/masked_frac" in steps[-1]
     if algo == "dapo":
         assert "rollout/accept_rate" in steps[-1]
+
+
+def test_presets_match_golden_records(sweep):
+    runs = {algo: [_comparable(r) for r in _records(sweep / f"{i}-{algo}-seed1")] for i, algo in enumerate(ALGOS)}
+    if os.environ.get("AREAL_UPDATE_GOLDEN") == "1":
+        with open(GOLDEN, "w") as f:
+            json.dump({"cpu": _cpu(), "args": ARGS, "runs": runs}, f, indent=1, sort_keys=True)
+            f.write("\n")
+        pytest.skip("golden records rewritten")
+    with open(GOLDEN) as f:
+        golden = json.load(f)
+    assert golden["args"] == ARGS, "the golden records were made with other arguments; regenerate them"
+    exact = golden["cpu"] == _cpu()
+    for algo in ALGOS:
+        got, want = runs[algo], golden["runs"][algo]
+        assert [r["step"] for r in got] == [r["step"] for r in want], algo
+        for g, w in zip(got, want):
+            missing = sorted(set(w) - set(g))
+            assert not missing, (algo, g["step"], missing)
+            for k, v in w.items():
+                if exact or not isinstance(v, float):
+                    assert g[k] == v, (algo, g["step"], k, g[k], v)
+                else:
+                    assert g[k] == pytest.approx(v, rel=1e-5, abs=1e-7), (algo, g["step"], k)
 
 
 def test_custom_advantage_example_from_the_command_line(tmp_path):
