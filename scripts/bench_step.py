@@ -108,13 +108,13 @@ def measure(workload: str, model: str, backend: str, steps: int, threads: int | 
         clock["cached"] += getattr(engine, "cached_prompt_tokens", 0)  # prompt tokens served by vLLM's prefix cache
         return out
 
-    def timed_update(m):
+    def timed_update(m, version):
         t = time.perf_counter()
-        update_weights(m)
+        update_weights(m, version)
         clock["sync"] += time.perf_counter() - t
 
     engine.generate, engine.update_weights = timed_generate, timed_update
-    engine.update_weights(trainer.model)
+    engine.update_weights(trainer.model, 0)
     trainer._build_aux_models()
     rows = []
     for _ in range(steps + 1):

@@ -2,7 +2,7 @@
 
 Rolling left by one (``x'[t] = x[t + 1]``) makes position ``t`` describe the prediction of token
 ``t + 1``, like the model forwards. The last column predicts nothing and is always inactive.
-Also here: the truncation flag, the bootstrap value, pi_old and the per-token reward KL.
+Also here: the truncation flag, the bootstrap value, masking pi_old and the per-token reward KL.
 """
 
 from __future__ import annotations
@@ -71,15 +71,11 @@ def bootstrap_values(values: torch.Tensor, seqlen: torch.Tensor) -> torch.Tensor
     return values.float().gather(1, last).squeeze(1)
 
 
-def old_logprobs(data: Mapping[str, Any], cfg, mask: torch.Tensor) -> torch.Tensor:
-    """``[B, S]`` masked pi_old: the recomputed ``prox_logp`` (recompute without the decoupled loss),
-    else the behaviour ``logprobs`` rolled into alignment."""
-    if not cfg.use_decoupled_loss and cfg.recompute_logprob:
-        prox = data.get("prox_logp")
-        if prox is None:
-            raise ValueError("actor.recompute_logprob=true (without use_decoupled_loss) uses the recomputed "
-                             "data['prox_logp'] as pi_old, but the batch has none; compute it before the advantages.")
-        return prox.float() * mask
+def old_logprobs(inputs_old: torch.Tensor | None, data: Mapping[str, Any], mask: torch.Tensor) -> torch.Tensor:
+    """``[B, S]`` masked pi_old: the given next-token-aligned ``inputs_old``, else the behaviour
+    ``logprobs`` rolled into alignment."""
+    if inputs_old is not None:
+        return inputs_old.float() * mask
     return shift_left(data["logprobs"], 0.0, torch.float32).mul_(mask)
 
 

@@ -5,7 +5,7 @@ Tensor conventions. ``B`` rows (one right-padded sequence each) of padded width 
 * Rollout tensors in ``data`` are **token-aligned**: position ``t`` describes token ``x_t``
   (``input_ids``, ``attention_mask``, ``loss_mask``, behaviour ``logprobs``, ``turn_ids``,
   ``token_rewards``, ``versions``); ``rewards`` and ``is_truncated`` are ``[B]``.
-* Model forwards (``values``, ``ref_logp``, ``prox_logp``) and every result are **next-token aligned**:
+* Model forwards (``values``, ``ref_logp``) and every result are **next-token aligned**:
   position ``t`` is about predicting ``x_{t+1}``. The aligned ``loss_mask[t]`` is the rollout mask of
   ``t + 1``; its last column is always 0.
 
@@ -212,6 +212,10 @@ class AdvantageInputs:
         prm_params: GVPO parameters of the PRM setup (``negative_scale``, ``zero_penalty``, ``zero_eps``).
         all_reduce: sums a tensor over the data-parallel group (identity when None); batch-level
             statistics use it.
+        old_logprobs: ``[B, S]`` next-token-aligned log pi_old, the policy the KL reward is taken
+            from and the loss's behaviour policy: the trainer passes what ``train/policies.py``
+            chose (the engine's logprobs, or their recomputation with ``recompute_logprob`` and no
+            decoupled loss). None: the behaviour ``logprobs`` of ``data``, aligned.
     """
 
     data: Mapping[str, Any]
@@ -220,6 +224,7 @@ class AdvantageInputs:
     prm_mode: str | None = None
     prm_params: Mapping[str, float] | None = None
     all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
+    old_logprobs: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from .process import PROCESS_FUNCTIONS, check_process_mode, gvpo_params, split_t
 from .reward import normalize_rewards, overlong_penalty, place_outcome
 
 REQUIRED_2D = ("input_ids", "attention_mask", "loss_mask", "logprobs")
-OPTIONAL_2D = ("values", "ref_logp", "prox_logp", "turn_ids", "token_rewards", "versions")
+OPTIONAL_2D = ("values", "ref_logp", "turn_ids", "token_rewards", "versions")
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ def run_default(inputs: AdvantageInputs, stages: Stages) -> AdvantageResult:
     m = aligned_mask(data["loss_mask"])
     seqlen = data["attention_mask"].sum(-1)
     truncated = truncation_flags(data, seqlen, width)
-    old = old_logprobs(data, cfg, m)
+    old = old_logprobs(inputs.old_logprobs, data, m)
     ref = data.get("ref_logp")
     ref = None if ref is None else ref.float() * m
     zeros = torch.zeros(shape, device=device)  # shared by every absent [B, S] input (read-only)
@@ -133,8 +133,6 @@ def run_default(inputs: AdvantageInputs, stages: Stages) -> AdvantageResult:
         adv = adv * m  # built-in estimators and the normalisation already give 0 at masked positions (Q15)
     adv = _process(inputs, stages, ProcessAdvantageInputs(adv, direct, m, cfg), shape, device)
     extras = {"is_truncated": truncated, "input_token_loss_mask": data["loss_mask"]}
-    if not cfg.use_decoupled_loss:
-        extras["prox_logp"] = old  # the proximal policy is pi_old itself
     if ref is not None:
         extras["ref_logp"] = ref
     return AdvantageResult(

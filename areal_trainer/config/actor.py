@@ -144,12 +144,6 @@ class PPOActorConfig(TrainEngineConfig):
             w.append(f"{key}.prox_logp_method=loglinear has no effect without use_decoupled_loss=true.")
         return w
 
-    def should_compute_prox_logp(self) -> bool:
-        """Whether a proximal-policy forward pass is needed before the update."""
-        if self.use_decoupled_loss:
-            return self.prox_logp_method != "loglinear"
-        return self.recompute_logprob
-
 
 @dataclass
 class PPOCriticConfig(TrainEngineConfig):

@@ -96,13 +96,51 @@ class RolloutConfig(Checked):
     """With a filter and a fixed batch size: give up (with an error) after this many rounds of sampling."""
     generation_batch_size: Optional[int] = None
     """Sequences per generate call (null: the whole step at once)."""
+    # -- asynchronous, off-policy training (AReaL's names and defaults) ----------------------------
     max_head_offpolicyness: int = 0
-    """Accepted for AReaL compatibility; rollouts here are synchronous (always on-policy)."""
+    """eta: the most policy versions a trained token may lag behind the policy being trained. 0 =
+    synchronous (generate, then train); > 0 = generation runs ahead of training (``offpolicy_mode``)."""
+    offpolicy_mode: str = "concurrent"
+    """How eta > 0 produces off-policy data. ``concurrent``: a rollout thread generates on its own copy of
+    the policy while the trainer trains, admission bounded by AReaL's staleness manager. ``lagged``:
+    reproducible, no concurrency; each prompt group is sampled by a policy snapshot lagging a seeded
+    number of versions in [0, eta]."""
+    lagged_switch_prob: float = 0.0
+    """``lagged`` only: probability that a generation switches to a newer snapshot after a seeded number
+    of tokens, as when a weight update lands mid-generation (its unfinished answers carry two versions)."""
+    consumer_batch_size: Optional[int] = None
+    """Prompt groups the trainer consumes per version, the staleness manager's unit (null: train_dataset.batch_size,
+    the only value that keeps the bound exact)."""
+    max_concurrent_rollouts: Optional[int] = None
+    """Most prompt groups generating at once, i.e. per generation call (null: consumer_batch_size)."""
+    queue_size: Optional[int] = None
+    """Most prompt groups generated or generating but not yet trained on (null: 16 x max_concurrent_rollouts)."""
+    partial_rollout: bool = True
+    """On a weight update, interrupt the generation in flight at a token boundary and continue it under the
+    new weights (each token keeps the version that sampled it); false: the update waits for it to finish."""
+    dtype: Optional[str] = None
+    """Precision of the rollout's copy of the policy (null: the trainer's own weights and precision).
+    ``bfloat16`` under float32 training gives the train/inference mismatch of bf16 inference engines."""
+    request_timeout: float = 3600.0
+    """Seconds the trainer waits for the rollout thread to finish a generation call before stopping the run."""
 
     def check(self, key: str) -> list[str]:
         p = one_of(f"{key}.backend", self.backend, ("hf", "vllm"))
+        p += one_of(f"{key}.offpolicy_mode", self.offpolicy_mode, ("concurrent", "lagged"))
+        p += one_of(f"{key}.dtype", self.dtype, (None, "float32", "bfloat16", "float16"))
         if self.max_sampling_rounds < 1:
             p.append(f"{key}.max_sampling_rounds: got {self.max_sampling_rounds}; must be >= 1.")
+        if self.max_head_offpolicyness < 0:
+            p.append(f"{key}.max_head_offpolicyness: got {self.max_head_offpolicyness}; must be >= 0 "
+                     "(0 = synchronous; AReaL's GSM8K examples use 2).")
+        for name in ("consumer_batch_size", "max_concurrent_rollouts", "queue_size"):
+            v = getattr(self, name)
+            if v is not None and v < 1:
+                p.append(f"{key}.{name}: got {v}; must be >= 1 or null.")
+        if not 0 <= self.lagged_switch_prob <= 1:
+            p.append(f"{key}.lagged_switch_prob: got {self.lagged_switch_prob}; must be in [0, 1].")
+        if not self.request_timeout > 0:
+            p.append(f"{key}.request_timeout: got {self.request_timeout}; must be > 0 seconds.")
         return p
 
 

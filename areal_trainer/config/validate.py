@@ -65,11 +65,34 @@ def _cross_section(cfg: TrainerConfig) -> tuple[list[str], list[str]]:
     for key, path in _local_paths(cfg):
         if not os.path.exists(os.path.expanduser(path)):
             p.append(f"{key}: {path!r} does not exist (no such file or directory).")
-    if cfg.rollout.max_head_offpolicyness > 0:
-        w.append("rollout.max_head_offpolicyness > 0 has no effect: rollouts are synchronous (on-policy).")
+    p += _rollout_problems(cfg)
     if cfg.dynamic_bs and cfg.rollout.dynamic_filter is None:
         w.append("dynamic_bs=true without rollout.dynamic_filter: every group is accepted, the batch is fixed.")
     return p, w
+
+
+def _rollout_problems(cfg: TrainerConfig) -> list[str]:
+    """Asynchronous-rollout settings that cannot work together."""
+    r, b = cfg.rollout, cfg.train_dataset.batch_size
+    p = []
+    eta = r.max_head_offpolicyness
+    if r.consumer_batch_size is not None and r.consumer_batch_size != b:
+        p.append(f"rollout.consumer_batch_size={r.consumer_batch_size} differs from train_dataset.batch_size={b}: the "
+                 "staleness manager counts the groups the trainer consumes per version, so a smaller value stalls "
+                 "the run and a larger one breaks the staleness bound. Leave it null (or set it to the batch size).")
+    concurrent = r.max_concurrent_rollouts or b
+    queue = r.queue_size or 16 * concurrent
+    if queue < b:
+        p.append(f"rollout.queue_size={queue} is smaller than one batch (train_dataset.batch_size={b} prompt groups): "
+                 "the trainer could never collect a batch. Raise it to at least the batch size, or leave it null.")
+    if eta > 0 and r.backend == "vllm" and r.offpolicy_mode == "lagged" and r.lagged_switch_prob > 0:
+        p.append("rollout.lagged_switch_prob > 0 needs rollout.backend=hf: the vllm backend cannot switch weights "
+                 "inside a generation call. Use rollout.backend=hf or rollout.lagged_switch_prob=0.")
+    if eta > 0 and r.backend == "vllm" and r.offpolicy_mode == "concurrent" and r.partial_rollout:
+        p.append("rollout.partial_rollout=true (continue generations under new weights) is not supported by "
+                 "rollout.backend=vllm yet: with vllm a weight update waits for the generation in flight. Set "
+                 "rollout.partial_rollout=false, or use rollout.backend=hf.")
+    return p
 
 
 def _local_paths(cfg: TrainerConfig) -> list[tuple[str, str]]:

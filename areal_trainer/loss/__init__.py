@@ -55,11 +55,12 @@ from .prox import approximate_prox_logp, version_alpha
 from .ratio import importance_ratio, sequence_mean_advantage, sequence_ratio, token_ratio
 from .rejection import RejectionResult, apply_rejection_sampling, binary_kl
 from .stats import reduce_stats, reduction_of
-from .types import PolicyLossInputs, PolicyLossResult, Stats
+from .types import PolicyLogprobs, PolicyLossInputs, PolicyLossResult, Stats
 from .value import explained_variance, value_loss
 
 __all__ = [
     "LOSS_AGG_MODES",
+    "PolicyLogprobs",
     "PolicyLossFn",
     "PolicyLossInputs",
     "PolicyLossResult",

@@ -69,31 +69,32 @@ def resolve_prox_logp(
 ) -> tuple[torch.Tensor, Stats]:
     """``[B, S]`` detached float32 log pi_prox, plus approximation stats.
 
-    The given ``proximal_logprobs`` is used whenever present. When it is None the method must be
+    The given ``inputs.policies.proximal`` is used whenever present. When it is None the method must be
     ``loglinear`` and the versions must be given; pi_prox is then interpolated (see ``prox.py``).
     In ``metrics`` mode with the decoupled loss, the approximations are compared with the given one.
     """
     stats: Stats = {}
-    has_versions = inputs.versions is not None and inputs.current_version is not None
-    if inputs.proximal_logprobs is None:
+    pol = inputs.policies
+    has_versions = pol.has_versions
+    if pol.proximal is None:
         if method != "loglinear":
             raise ValueError(
-                f"proximal_logprobs is None but prox_logp_method={method!r}: only 'loglinear' approximates "
+                f"policies.proximal is None but prox_logp_method={method!r}: only 'loglinear' approximates "
                 "pi_prox without a forward pass. Compute the proximal logprobs before the update "
-                "(config.should_compute_prox_logp()), or pass the old logprobs when the decoupled loss is off.")
+                "(train/policies.py decides when), or pass the old logprobs when the decoupled loss is off.")
         if not has_versions:
-            raise ValueError("prox_logp_method='loglinear' with proximal_logprobs=None needs `versions` [B, S] "
+            raise ValueError("prox_logp_method='loglinear' with policies.proximal=None needs `versions` [B, S] "
                              "and `current_version` to interpolate pi_prox.")
-        alpha = version_alpha(inputs.versions, inputs.current_version)
+        alpha = version_alpha(pol.versions, pol.current_version)
         prox = approximate_prox_logp(behav_logp, theta_logp, alpha, method="loglinear")
         stats["actor/prox_approx/alpha"] = masked_mean(alpha, mask, n_valid)
         return prox, stats
-    prox = inputs.proximal_logprobs.detach().float()
+    prox = pol.proximal.detach().float()
     if method == "metrics" and decoupled:
         if not has_versions:
             raise ValueError("prox_logp_method='metrics' compares the approximations with the recomputed "
-                             "pi_prox and needs `versions` [B, S] and `current_version`.")
-        alpha = version_alpha(inputs.versions, inputs.current_version)
+                             "pi_prox and needs policies.versions [B, S] and policies.current_version.")
+        alpha = version_alpha(pol.versions, pol.current_version)
         stats.update(prox_approx_metrics(prox, behav_logp, theta_logp, alpha, mask, n_valid))
     return prox, stats
 
@@ -183,7 +184,7 @@ def policy_loss(
     mask0 = inputs.loss_mask.bool()
     n_valid = mask0.sum(dtype=torch.float32)
     logp = inputs.logprobs.float()
-    behav = inputs.behavior_logprobs.detach().float()
+    behav = inputs.policies.behavior.detach().float()
     adv = inputs.advantages.detach().float()
     prox, stats = resolve_prox_logp(inputs, logp, behav, mask0, n_valid, method=prox_logp_method,
                                     decoupled=use_decoupled_loss)
@@ -272,10 +273,10 @@ def _common_stats(
             stats["actor/behave_ratio/max"] = masked_max(torch.exp(log_w), mask0)
         if inputs.entropy is not None:
             stats["actor/entropy"] = masked_mean(inputs.entropy.detach().float(), mask0, n_valid)
-        if inputs.versions is not None and inputs.current_version is not None:
-            v_b = inputs.versions.float()
+        if inputs.policies.has_versions:
+            v_b = inputs.policies.versions.float()
             generated = mask0 & (v_b >= 0)
-            staleness = inputs.current_version - v_b
+            staleness = inputs.policies.current_version - v_b
             stats["actor/staleness"] = masked_mean(staleness, generated, n_valid)
             stats["actor/staleness/max"] = masked_max(staleness, generated)
     return stats

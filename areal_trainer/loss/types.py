@@ -17,32 +17,54 @@ Stats = dict[str, torch.Tensor]
 
 
 @dataclass(frozen=True)
+class PolicyLogprobs:
+    """The log-probabilities of the two fixed policies of a step, and the versions that tie them to
+    the trained one (built by ``train/policies.py``, the one place that decides them).
+
+    Attributes:
+        behavior: ``[B, S]`` log pi_behav, the "old" policy: the inference engine's logprobs, or,
+            without the decoupled loss but with ``recompute_logprob``, their recomputation (AReaL's
+            ``old_logp``). SAPO's ratio and the M2PO / rejection-sampling divergences are taken against it.
+        proximal: ``[B, S]`` log pi_prox (the policy the PPO ratio is taken against), or None when it
+            is to be approximated from versions (``prox_logp_method=loglinear``). Without the
+            decoupled loss it is the behaviour policy itself.
+        versions: ``[B, S]`` integer policy version of the behaviour token at each position (aligned
+            like the logprobs), -1 at prompt and padding positions; or None.
+        current_version: the version of pi_theta (an int or a 0-dim tensor), or None.
+    """
+
+    behavior: torch.Tensor
+    proximal: torch.Tensor | None = None
+    versions: torch.Tensor | None = None
+    current_version: int | torch.Tensor | None = None
+
+    @property
+    def has_versions(self) -> bool:
+        return self.versions is not None and self.current_version is not None
+
+    def rows(self, idx) -> PolicyLogprobs:
+        """The same policies restricted to rows ``idx`` (and the columns of ``behavior``)."""
+        def cut(t):
+            return None if t is None else t[idx]
+        return PolicyLogprobs(self.behavior[idx], cut(self.proximal), cut(self.versions), self.current_version)
+
+
+@dataclass(frozen=True)
 class PolicyLossInputs:
     """One micro-batch of the actor update.
 
     Attributes:
         logprobs: ``[B, S]`` log pi_theta of the taken tokens; the only tensor the loss differentiates.
-        proximal_logprobs: ``[B, S]`` log pi_prox (the policy the PPO ratio is taken against), or None
-            when it is to be approximated from versions (``prox_logp_method=loglinear``).
-            Without the decoupled loss the caller passes the old/behaviour logprobs here.
-        behavior_logprobs: ``[B, S]`` log pi_behav, the "old" policy: the inference engine's logprobs,
-            or, without the decoupled loss but with ``recompute_logprob``, their recomputation (AReaL's
-            ``old_logp``). SAPO's ratio and the M2PO / rejection-sampling divergences are taken against it.
+        policies: the behaviour and proximal policies (:class:`PolicyLogprobs`), ``[B, S]`` like ``logprobs``.
         advantages: ``[B, S]`` advantage per token.
         loss_mask: ``[B, S]`` bool or 0/1; true on tokens that enter the loss.
-        versions: ``[B, S]`` integer policy version of the behaviour token at each position
-            (aligned like the logprobs), -1 at prompt and padding positions.
-        current_version: the version of pi_theta (an int or a 0-dim tensor).
         entropy: ``[B, S]`` per-token entropy of pi_theta, detached, only reported in the stats.
     """
 
     logprobs: torch.Tensor
-    proximal_logprobs: torch.Tensor | None
-    behavior_logprobs: torch.Tensor
+    policies: PolicyLogprobs
     advantages: torch.Tensor
     loss_mask: torch.Tensor
-    versions: torch.Tensor | None = None
-    current_version: int | torch.Tensor | None = None
     entropy: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
@@ -50,8 +72,11 @@ class PolicyLossInputs:
         shape = tuple(self.logprobs.shape)
         if len(shape) != 2:
             raise ValueError(f"logprobs must be [B, S] (right-padded rows); got shape {shape}.")
-        for name in ("proximal_logprobs", "behavior_logprobs", "advantages", "loss_mask", "versions", "entropy"):
-            t = getattr(self, name)
+        pol = self.policies
+        named = (("policies.behavior", pol.behavior), ("policies.proximal", pol.proximal),
+                 ("policies.versions", pol.versions), ("advantages", self.advantages),
+                 ("loss_mask", self.loss_mask), ("entropy", self.entropy))
+        for name, t in named:
             if t is not None and tuple(t.shape) != shape:
                 raise ValueError(f"{name} has shape {tuple(t.shape)}; expected {shape} like logprobs.")
 

@@ -152,6 +152,7 @@ class _Stats:
 
 _STATS = _Stats()
 _WORKER = WorkerProcess()
+_THREAD = threading.local()
 
 
 def stats() -> dict[str, int]:
@@ -164,6 +165,13 @@ def timeouts() -> int:
     """How many math-verify checks have timed out in this process (each scored 0.0)."""
     with _STATS.lock:
         return _STATS.timeouts
+
+
+def thread_timeouts() -> int:
+    """How many math-verify checks made by the calling thread have timed out: the reward runner
+    reads it around each reward call, so every sample's timeouts are counted where it is scored
+    (a rollout thread and the evaluation in the main thread do not mix their counts)."""
+    return getattr(_THREAD, "timeouts", 0)
 
 
 def reset_stats() -> None:
@@ -218,6 +226,7 @@ def verify_answer(gold: str, prediction: str, timeout: float | None = 5.0) -> fl
     try:
         ok = _WORKER.run(equivalent, gold, prediction, timeout=timeout)
     except TimeoutError:
+        _THREAD.timeouts = thread_timeouts() + 1
         with _STATS.lock:
             _STATS.timeouts += 1
             n = _STATS.timeouts

@@ -1,8 +1,9 @@
 """Choose the rollout backend from ``rollout.backend``.
 
-Every backend offers ``generate(prompts, gconfig) -> list[Generation]``, a ``version`` counter
-and ``update_weights(model)``, which the trainer calls after every optimizer update so the next
-rollout samples from the new policy.
+Every backend is an :class:`~areal_trainer.rollout.types.InferenceEngine`: ``generate(prompts,
+gconfig) -> list[Generation]`` (per-token behaviour logprobs and policy versions), ``version``, and
+``update_weights(model, version)``, which the trainer calls after every optimizer update so the
+next rollout samples from the new policy.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ def make_engine(cfg: TrainerConfig, model, tokenizer, *, device: torch.device, a
     if cfg.rollout.backend == "vllm":
         from .vllm_engine import VLLMEngine
 
-        return VLLMEngine(model, tokenizer, device=device, seed=cfg.seed, **cfg.rollout.vllm_kwargs)
+        dtype = getattr(torch, cfg.rollout.dtype) if cfg.rollout.dtype else None
+        return VLLMEngine(model, tokenizer, device=device, seed=cfg.seed, dtype=dtype, **cfg.rollout.vllm_kwargs)
     return HFEngine(model, tokenizer, device=device, autocast_dtype=autocast_dtype,
                     batch_size=cfg.rollout.generation_batch_size)

@@ -1,33 +1,46 @@
-"""Trajectory tensors: build one row from prompt and answer tokens, and pad/concatenate groups.
+"""Trajectory tensors: build one row from its segments, pad rows into a group, and concatenate groups.
 
-A trajectory group is a dict of right-padded, token-aligned tensors for the answers of one prompt
-(``[G, L]``; ``rewards`` and ``is_truncated`` are ``[G]``). ``concat_groups`` pads every group to
-the widest row and stacks them into the batch, recording the rows of each group.
+A group's tensors are right-padded and token-aligned (``[G, L]``; ``rewards`` and ``is_truncated``
+are ``[G]``; see :class:`~areal_trainer.rollout.types.TrajectoryGroup`). ``concat_groups`` pads every
+group to the widest row and stacks them into the batch, recording the rows of each group.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 import torch
 
-ROW_KEYS = ("input_ids", "attention_mask", "loss_mask", "logprobs", "turn_ids", "versions")
+from .types import ROW_KEYS, Segment, TrajectoryGroup
+
 PAD_VALUES = {"input_ids": 0, "attention_mask": 0, "loss_mask": 0, "logprobs": 0.0, "turn_ids": -1, "versions": -1,
               "token_rewards": 0.0}
+__all__ = ["PAD_VALUES", "ROW_KEYS", "concat_groups", "make_row", "select_rows", "stack_rows"]
 
 
-def make_row(segments: list[tuple[list[int], bool, list[float] | None, int]], version: int) -> dict[str, torch.Tensor]:
-    """One trajectory row from ``(tokens, trainable, logprobs, turn_id)`` segments in order.
+def make_row(segments: Sequence[Segment]) -> dict[str, torch.Tensor]:
+    """One trajectory row from its segments in order (see :class:`~areal_trainer.rollout.types.Segment`).
 
-    Trainable segments are model outputs (loss_mask 1, their turn id, behaviour logprobs);
-    the others are prompt, user or tool tokens (loss_mask 0, turn id -1, logprob 0, version -1).
+    Trainable segments are model outputs (loss_mask 1, their turn id, behaviour logprobs and policy
+    versions); the others are prompt, user or tool tokens (loss_mask 0, turn id -1, logprob 0,
+    version -1).
     """
     ids, lmask, logps, turns, versions = [], [], [], [], []
-    for tokens, trainable, lp, turn in segments:
-        n = len(tokens)
-        ids += tokens
-        lmask += [1.0 if trainable else 0.0] * n
-        logps += list(lp) if trainable else [0.0] * n
-        turns += [turn if trainable else -1] * n
-        versions += [version if trainable else -1] * n
+    for seg in segments:
+        seg = Segment(*seg)
+        n = len(seg.tokens)
+        ids += seg.tokens
+        lmask += [1.0 if seg.trainable else 0.0] * n
+        if seg.trainable:
+            if seg.logprobs is None or seg.versions is None or len(seg.logprobs) != n or len(seg.versions) != n:
+                raise ValueError(f"a trainable segment of {n} tokens needs {n} logprobs and {n} versions")
+            logps += seg.logprobs
+            versions += seg.versions
+            turns += [seg.turn_id] * n
+        else:
+            logps += [0.0] * n
+            versions += [-1] * n
+            turns += [-1] * n
     return {
         "input_ids": torch.tensor(ids, dtype=torch.long),
         "attention_mask": torch.ones(len(ids), dtype=torch.long),
@@ -50,21 +63,23 @@ def stack_rows(rows: list[dict[str, torch.Tensor]], width: int | None = None) ->
     return out
 
 
-def concat_groups(groups: list[dict[str, torch.Tensor]]) -> tuple[dict[str, torch.Tensor], list[int]]:
+def concat_groups(groups: Sequence[TrajectoryGroup | Mapping[str, torch.Tensor]]
+                  ) -> tuple[dict[str, torch.Tensor], list[int]]:
     """Concatenate trajectory groups into one ``[B, S]`` batch; also return the rows per group."""
-    width = max(g["input_ids"].shape[1] for g in groups)
+    tensors = [g.tensors if isinstance(g, TrajectoryGroup) else g for g in groups]
+    width = max(t["input_ids"].shape[1] for t in tensors)
     out: dict[str, torch.Tensor] = {}
-    for key, first in groups[0].items():
+    for key, first in tensors[0].items():
         if first.dim() == 2:
             parts = []
-            for g in groups:
+            for g in tensors:
                 t = g[key]
                 pad = torch.full((t.shape[0], width - t.shape[1]), PAD_VALUES.get(key, 0), dtype=t.dtype)
                 parts.append(torch.cat([t, pad], dim=1))
             out[key] = torch.cat(parts)
         else:
-            out[key] = torch.cat([g[key] for g in groups])
-    return out, [int(g["input_ids"].shape[0]) for g in groups]
+            out[key] = torch.cat([g[key] for g in tensors])
+    return out, [int(t["input_ids"].shape[0]) for t in tensors]
 
 
 def select_rows(batch: dict[str, torch.Tensor], idx: torch.Tensor) -> dict[str, torch.Tensor]:

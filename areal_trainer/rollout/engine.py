@@ -1,29 +1,38 @@
-"""The ``hf`` rollout backend: batched sampling with ``transformers`` ``generate`` on the policy
-being trained (colocated, so new weights are used as soon as the optimizer steps).
+"""The ``hf`` rollout backend: batched sampling with ``transformers`` ``generate``.
 
-Per-token behaviour log-probabilities are those of the temperature-scaled distribution the
-token was sampled from (after processors such as ``min_new_tokens``, before top-k/top-p
-truncation), recorded one step at a time so no ``[tokens, vocab]`` tensor is ever kept.
+Colocated (synchronous training): the engine samples from the policy object being trained, so new
+weights are used as soon as the optimizer steps and ``update_weights`` only records their version.
+Separate (asynchronous training, or a rollout precision other than the trainer's): the engine holds
+its own copy of the policy (:func:`rollout_copy`) and ``update_weights`` copies the trainer's
+weights into it.
+
+Weight updates during a generation. With ``interruptible=True`` an update requested while
+``generate`` runs (from another thread) stops the generation at the next token boundary; the
+update loads the weights, and every unfinished answer continues from its tokens so far under the
+new weights (a partial rollout: the prompt and the answer's first tokens are prefilled again with
+the new weights, as inference servers do when a request is aborted and resubmitted). Each token
+keeps the version of the weights that sampled it. With ``interruptible=False`` the update waits
+until the running ``generate`` call has finished.
+
+Per-token behaviour log-probabilities are those of the temperature-scaled distribution the token
+was sampled from (after processors such as ``min_new_tokens``, before top-k/top-p truncation),
+recorded one step at a time so no ``[tokens, vocab]`` tensor is ever kept.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
+import threading
 from dataclasses import dataclass
 
 import torch
-from transformers import LogitsProcessor, LogitsProcessorList
+from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
 from ..config.schema import GenerationHyperparameters
+from .types import Generation
 
-
-@dataclass
-class Generation:
-    """One sampled answer: its tokens (ending with the stop token unless truncated) and logprobs."""
-
-    output_ids: list[int]
-    logprobs: list[float]
-    truncated: bool
+__all__ = ["Generation", "GenerationAborted", "HFEngine", "copy_weights", "rollout_copy", "snapshot"]
 
 
 class _RecordLogprobs(LogitsProcessor):
@@ -50,18 +59,134 @@ class _RecordLogprobs(LogitsProcessor):
         return torch.stack(self.steps, dim=1) if self.steps else last_tokens.new_zeros((len(last_tokens), 0)).float()
 
 
+class GenerationAborted(RuntimeError):
+    """``HFEngine.abort()`` was called while generating (the run is stopping)."""
+
+
+class _StopEarly(StoppingCriteria):
+    """Ends a ``generate`` call for every row once a weight update is pending or the engine is
+    aborted, or after ``limit`` new tokens."""
+
+    def __init__(self, engine: HFEngine, prompt_width: int, limit: int | None):
+        self.engine, self.prompt_width, self.limit = engine, prompt_width, limit
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
+        stop = self.engine.update_pending() or self.engine.aborted or (
+            self.limit is not None and input_ids.shape[1] - self.prompt_width >= self.limit)
+        return torch.full((input_ids.shape[0],), stop, dtype=torch.bool, device=input_ids.device)
+
+
+@torch.no_grad()
+def copy_weights(dst: torch.nn.Module, src) -> None:
+    """Copy ``src``'s parameters and buffers into ``dst`` (same architecture; dtypes may differ).
+    ``src`` is a module or a state dict (name -> tensor)."""
+    if isinstance(src, torch.nn.Module):
+        tensors = {**dict(src.named_buffers()), **dict(src.named_parameters())}
+    else:
+        tensors = src
+    for name, p in dst.named_parameters():
+        p.copy_(tensors[name])
+    for name, b in dst.named_buffers():
+        if name in tensors:
+            b.copy_(tensors[name])
+
+
+def snapshot(model) -> dict[str, torch.Tensor]:
+    """A module's (or state dict's) tensors, copied to the CPU: a policy snapshot for later generation."""
+    tensors = {**dict(model.named_buffers()), **dict(model.named_parameters())} if isinstance(
+        model, torch.nn.Module) else model
+    return {k: v.detach().to("cpu", copy=True) for k, v in tensors.items()}
+
+
+def rollout_copy(model: torch.nn.Module, dtype: torch.dtype | None = None) -> torch.nn.Module:
+    """A frozen copy of the policy for generation (in ``dtype`` when given), on the policy's device."""
+    twin = copy.deepcopy(model)
+    if dtype is not None:
+        twin.to(dtype)
+    twin.eval()
+    twin.requires_grad_(False)
+    return twin
+
+
+@dataclass
+class _Switch:
+    """A weight update scheduled to land after ``after_tokens`` new tokens of the next ``generate`` call."""
+
+    after_tokens: int
+    model: torch.nn.Module
+    version: int
+
+
 class HFEngine:
-    """Samples answers from ``model``; ``version`` is the number of weight updates so far."""
+    """Samples answers from ``model``; ``version`` is the policy version of its current weights."""
 
     def __init__(self, model, tokenizer, *, device: torch.device, autocast_dtype: torch.dtype | None = None,
-                 batch_size: int | None = None):
+                 batch_size: int | None = None, interruptible: bool = False, stoppable: bool = False,
+                 version: int = 0):
         self.model, self.tokenizer, self.device, self.autocast_dtype = model, tokenizer, device, autocast_dtype
-        self.batch_size = batch_size
-        self.version = 0
+        self.batch_size, self.interruptible = batch_size, interruptible
+        self.stoppable = stoppable or interruptible
+        """Whether generation checks for updates, aborts and scheduled switches at every token."""
+        self.aborted = False
+        self._version = version
+        self._cv = threading.Condition()
+        self._updating = False
+        self._busy = 0
+        self._switch: _Switch | None = None
+        self.interruptions = 0
+        """How many times a running generation was stopped and continued under new weights."""
 
-    def update_weights(self, model) -> None:
-        """Nothing to do: this backend samples from the trained model object itself."""
+    @property
+    def version(self) -> int:
+        return self._version
 
+    def update_pending(self) -> bool:
+        return self.interruptible and self._updating
+
+    # -- weights ----------------------------------------------------------------------------------
+    def update_weights(self, model, version: int) -> None:
+        """Sample with ``model``'s weights (policy version ``version``) from now on.
+
+        Waits for the running generation step (interruptible) or call (not interruptible) to end;
+        the generation then continues under the new weights."""
+        with self._cv:
+            self._updating = True
+            self._cv.wait_for(lambda: self._busy == 0)
+        try:
+            if model is not self.model:
+                copy_weights(self.model, model)  # a module or a state dict
+            self._version = int(version)
+        finally:
+            with self._cv:
+                self._updating = False
+                self._cv.notify_all()
+
+    def abort(self) -> None:
+        """Stop every generation, now and later (``generate`` raises :class:`GenerationAborted`)."""
+        with self._cv:
+            self.aborted = True
+            self._cv.notify_all()
+
+    def schedule_update(self, after_tokens: int, model, version: int) -> None:
+        """Let the next ``generate`` call switch to ``model``'s weights after ``after_tokens`` new tokens,
+        as a weight update landing mid-generation would (used for reproducible off-policy runs)."""
+        self._switch = _Switch(int(after_tokens), model, int(version))
+
+    @contextlib.contextmanager
+    def _generating(self):
+        with self._cv:
+            self._cv.wait_for(lambda: not self._updating or self.aborted)
+            if self.aborted:
+                raise GenerationAborted("the rollout engine was stopped")
+            self._busy += 1
+        try:
+            yield self._version
+        finally:
+            with self._cv:
+                self._busy -= 1
+                self._cv.notify_all()
+
+    # -- sampling ---------------------------------------------------------------------------------
     def stop_ids(self, gconfig: GenerationHyperparameters) -> list[int]:
         ids = [self.tokenizer.eos_token_id, *gconfig.stop_token_ids]
         return sorted({i for i in ids if i is not None})
@@ -71,11 +196,53 @@ class HFEngine:
         """Sample one answer per prompt (repeat a prompt to sample it several times)."""
         out: list[Generation] = []
         step = self.batch_size or len(prompts) or 1
-        for i in range(0, len(prompts), step):
-            out += self._generate(prompts[i:i + step], gconfig)
+        try:
+            for i in range(0, len(prompts), step):
+                out += self._generate_chunk(prompts[i:i + step], gconfig)
+        finally:
+            self._switch = None
         return out
 
-    def _generate(self, prompts: list[list[int]], g: GenerationHyperparameters) -> list[Generation]:
+    def _generate_chunk(self, prompts: list[list[int]], g: GenerationHyperparameters) -> list[Generation]:
+        """Segments of ``generate`` until every answer is finished; between two segments a weight
+        update (pending or scheduled) is loaded. Unfinished rows have the same number of tokens."""
+        stop = set(self.stop_ids(g))
+        ids: list[list[int]] = [[] for _ in prompts]
+        logps: list[list[float]] = [[] for _ in prompts]
+        versions: list[list[int]] = [[] for _ in prompts]
+        done = [False] * len(prompts)
+        todo = list(range(len(prompts)))
+        while todo:
+            n_done = len(ids[todo[0]])
+            switch = self._switch if self._switch is not None and self._switch.after_tokens > n_done else None
+            limit = switch.after_tokens - n_done if switch is not None else None
+            with self._generating() as version:
+                new, new_logps = self._sample([list(prompts[i]) + ids[i] for i in todo], g, n_done, limit)
+            if self.aborted:
+                raise GenerationAborted("the rollout engine was stopped")
+            for r, i in enumerate(todo):
+                toks, lps = new[r], new_logps[r]
+                for k, t in enumerate(toks):
+                    if t in stop:
+                        toks, lps, done[i] = toks[: k + 1], lps[: k + 1], True
+                        break
+                ids[i] += toks
+                logps[i] += lps
+                versions[i] += [version] * len(toks)
+                done[i] = done[i] or len(ids[i]) >= g.max_new_tokens
+            todo = [i for i in todo if not done[i]]
+            if todo and switch is not None and len(ids[todo[0]]) >= switch.after_tokens:
+                self._switch = None
+                self.update_weights(switch.model, switch.version)
+            elif todo:
+                self.interruptions += 1
+        return [Generation(ids[i], logps[i], truncated=not (ids[i] and ids[i][-1] in stop), versions=versions[i])
+                for i in range(len(prompts))]
+
+    def _sample(self, prompts: list[list[int]], g: GenerationHyperparameters, n_done: int,
+                limit: int | None) -> tuple[list[list[int]], list[list[float]]]:
+        """One ``generate`` call continuing answers that have ``n_done`` tokens; it stops early (for
+        every row) when a weight update is pending or after ``limit`` new tokens."""
         pad = self.tokenizer.pad_token_id
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), pad, dtype=torch.long)
@@ -83,11 +250,13 @@ class HFEngine:
         for r, p in enumerate(prompts):  # left padding, so every prompt ends at the same column
             ids[r, width - len(p):] = torch.tensor(p)
             mask[r, width - len(p):] = 1
-        stop = self.stop_ids(g)
         recorder = _RecordLogprobs(1.0 if g.greedy else g.temperature)
         vocab = self.model.get_output_embeddings().weight.shape[0]
-        kwargs = dict(do_sample=not g.greedy, max_new_tokens=g.max_new_tokens, min_new_tokens=g.min_new_tokens,
-                      eos_token_id=stop, pad_token_id=pad, logits_processor=LogitsProcessorList([recorder]))
+        kwargs = dict(do_sample=not g.greedy, max_new_tokens=g.max_new_tokens - n_done,
+                      min_new_tokens=max(0, g.min_new_tokens - n_done), eos_token_id=self.stop_ids(g),
+                      pad_token_id=pad, logits_processor=LogitsProcessorList([recorder]))
+        if self.stoppable or limit is not None:
+            kwargs["stopping_criteria"] = StoppingCriteriaList([_StopEarly(self, width, limit)])
         if not g.greedy:
             kwargs.update(temperature=g.temperature, top_p=g.top_p if g.top_p < 1 else None,
                           top_k=g.top_k if 0 < g.top_k < vocab else None)
@@ -100,12 +269,5 @@ class HFEngine:
             seqs = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), **kwargs)
         self.model.train(was_training)
         new = seqs[:, width:].cpu()
-        logps = recorder.finish(seqs[:, -1]).cpu()
-        return [self._trim(new[r].tolist(), logps[r].tolist(), set(stop)) for r in range(len(prompts))]
-
-    @staticmethod
-    def _trim(tokens: list[int], logps: list[float], stop: set[int]) -> Generation:
-        for k, t in enumerate(tokens):
-            if t in stop:
-                return Generation(tokens[: k + 1], logps[: k + 1], truncated=False)
-        return Generation(tokens, logps, truncated=True)
+        recorded = recorder.finish(seqs[:, -1]).cpu()
+        return new.tolist(), recorded.tolist()

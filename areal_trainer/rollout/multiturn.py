@@ -21,6 +21,7 @@ Rows. One trajectory row per episode, token-aligned (``rollout/batch.py``)::
     loss_mask:  0 | 1 | 0 | 1 | ... | 1       (model outputs only)
     turn_ids:  -1 | 0 | -1 | 1 | ... | n-1    (int32; -1 on prompt, feedback and padding)
     logprobs:   0 | behaviour logprobs of the sampled tokens | ...
+    versions:  -1 | policy version of each sampled token | -1 | ...   (a turn may span a weight update)
 
 ``is_truncated`` is set when the last answer hit ``max_new_tokens`` without a stop token;
 ``num_turns`` ``[G]`` (float) counts the answers.
@@ -48,6 +49,7 @@ import torch
 from ..config.schema import GenerationHyperparameters
 from ..errors import UserError
 from .batch import make_row, stack_rows
+from .types import Segment, TrajectoryGroup, answer_segment
 from .workflow import prompt_ids
 
 DEFAULT_FEEDBACK = "Your answer is incorrect. Please try again."
@@ -61,7 +63,7 @@ class Episode:
 
     Attributes:
         sample: index of its prompt in the rollout's ``samples``.
-        segments: ``(tokens, trainable, logprobs, turn_id)`` pieces of its row, in order.
+        segments: the pieces of its row, in order (prompt, answers, feedback).
         context: every token so far (the prompt of its next turn).
         rewards: the raw reward of each answer.
         truncated: whether the latest answer hit ``max_new_tokens`` without a stop token.
@@ -69,9 +71,10 @@ class Episode:
     """
 
     sample: int
-    segments: list[tuple[list[int], bool, list[float] | None, int]]
+    segments: list[Segment]
     context: list[int]
     rewards: list[float] = field(default_factory=list)
+    stats: dict[str, float] = field(default_factory=lambda: {"reward_errors": 0.0, "verify_timeouts": 0.0})
     truncated: bool = False
     active: bool = True
 
@@ -84,9 +87,9 @@ class MultiTurnWorkflow:
     """Multi-turn answering with "try again" feedback after every wrong answer.
 
     Args:
-        engine: rollout engine with ``generate(prompts, gconfig) -> list[Generation]`` and ``version``.
+        engine: rollout engine (``InferenceEngine``: ``generate(prompts, gconfig) -> list[Generation]``).
         tokenizer: the policy's tokenizer (with a chat template).
-        reward: ``(prompts, completions, answers) -> (rewards, n_errors)``.
+        reward: ``(prompts, completions, answers) -> Scores`` (a ``RewardRunner``).
         max_turns: most answers per episode (>= 1; 1 is single-turn answering).
         turn_discount: factor in (0, 1] applied to a positive reward once per extra turn.
         feedback: content of the user message sent after a wrong answer.
@@ -103,7 +106,6 @@ class MultiTurnWorkflow:
             raise UserError(f"rollout.workflow_kwargs.feedback: got {feedback!r}; must be a non-empty string.")
         self.engine, self.tokenizer, self.reward = engine, tokenizer, reward
         self.max_turns, self.turn_discount, self.feedback = max_turns, float(turn_discount), feedback
-        self.reward_errors = 0
 
     # -- chat template ----------------------------------------------------------------------------
     def feedback_text(self, messages: list[dict]) -> str:
@@ -132,14 +134,14 @@ class MultiTurnWorkflow:
         return r * self.turn_discount ** (episode.num_turns - 1) if r > 0 else r
 
     # -- rollout ----------------------------------------------------------------------------------
-    def rollout(self, samples: list[dict], gconfig: GenerationHyperparameters) -> list[dict[str, torch.Tensor]]:
+    def rollout(self, samples: list[dict], gconfig: GenerationHyperparameters) -> list[TrajectoryGroup]:
         """One group per sample: ``[G, L]`` rows (``G = gconfig.n_samples``), ``rewards``,
-        ``is_truncated`` and ``num_turns`` ``[G]``."""
+        ``is_truncated`` and ``num_turns`` ``[G]``; its stats sum the episodes' reward errors and timeouts."""
         g = gconfig.n_samples
         prompts = [prompt_ids(self.tokenizer, s["messages"]) for s in samples]
         feedback = [self.feedback_ids(s["messages"]) for s in samples] if self.max_turns > 1 else [[] for _ in samples]
         questions = [s["messages"][-1]["content"] for s in samples]
-        episodes = [Episode(i, [(prompts[i], False, None, -1)], list(prompts[i])) for i in range(len(samples))
+        episodes = [Episode(i, [Segment(prompts[i])], list(prompts[i])) for i in range(len(samples))
                     for _ in range(g)]
         for turn in range(self.max_turns):
             active = [e for e in episodes if e.active]
@@ -147,17 +149,18 @@ class MultiTurnWorkflow:
                 break
             gens = self.engine.generate([e.context for e in active], gconfig)
             texts = [self.tokenizer.decode(x.output_ids, skip_special_tokens=True) for x in gens]
-            rewards, errors = self.reward([questions[e.sample] for e in active], texts,
-                                          [samples[e.sample]["answer"] for e in active])
-            self.reward_errors += errors
-            for e, x, r in zip(active, gens, rewards):
+            scores = self.reward([questions[e.sample] for e in active], texts,
+                                 [samples[e.sample]["answer"] for e in active])
+            for j, (e, x, r) in enumerate(zip(active, gens, scores.rewards)):
+                for k, v in scores.stats(j, j + 1).items():
+                    e.stats[k] += v
                 self._advance(e, x, float(r), turn, feedback[e.sample], gconfig)
         return [self._group(episodes[i * g:(i + 1) * g]) for i in range(len(samples))]
 
     def _advance(self, e: Episode, gen, reward: float, turn: int, feedback: list[int],
                  gconfig: GenerationHyperparameters) -> None:
         """Record answer ``turn`` of ``e``; append the feedback when the episode goes on."""
-        e.segments.append((list(gen.output_ids), True, list(gen.logprobs), turn))
+        e.segments.append(answer_segment(gen, turn))
         e.context += gen.output_ids
         e.rewards.append(reward)
         e.truncated = bool(gen.truncated)
@@ -167,13 +170,14 @@ class MultiTurnWorkflow:
         env = self.joined_feedback(feedback, gen.output_ids, gen.truncated)
         if len(e.context) + len(env) + gconfig.max_new_tokens > gconfig.max_tokens:
             return
-        e.segments.append((env, False, None, -1))
+        e.segments.append(Segment(env))
         e.context += env
         e.active = True
 
-    def _group(self, episodes: list[Episode]) -> dict[str, torch.Tensor]:
-        group = stack_rows([make_row(e.segments, self.engine.version) for e in episodes])
-        group["rewards"] = torch.tensor([self.episode_reward(e) for e in episodes], dtype=torch.float32)
-        group["is_truncated"] = torch.tensor([e.truncated for e in episodes])
-        group["num_turns"] = torch.tensor([float(e.num_turns) for e in episodes])
-        return group
+    def _group(self, episodes: list[Episode]) -> TrajectoryGroup:
+        tensors = stack_rows([make_row(e.segments) for e in episodes])
+        tensors["rewards"] = torch.tensor([self.episode_reward(e) for e in episodes], dtype=torch.float32)
+        tensors["is_truncated"] = torch.tensor([e.truncated for e in episodes])
+        tensors["num_turns"] = torch.tensor([float(e.num_turns) for e in episodes])
+        stats = {k: sum(e.stats[k] for e in episodes) for k in episodes[0].stats}
+        return TrajectoryGroup(tensors, stats=stats)

@@ -35,13 +35,14 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 from typing import Any
 
 import torch
 
 from ..config.schema import GenerationHyperparameters
 from ..errors import UserError
-from .engine import Generation
+from .types import Generation
 
 INSTALL_HINT = ("rollout.backend=vllm needs the 'vllm' package, which is not importable here. On a CUDA machine: "
                 "pip install vllm (or pip install -e '.[vllm]'). On a CPU-only machine: bash scripts/setup_vllm_cpu.sh, "
@@ -102,7 +103,12 @@ class WeightSyncExtension:
 def checkpoint_weights(model) -> dict[str, torch.Tensor]:
     """The policy's weights by checkpoint name, with ``lm_head.weight`` present even when it is
     tied to the input embeddings (vLLM keeps a separately packed copy of the output layer that
-    is rebuilt only when ``lm_head.weight`` itself is loaded)."""
+    is rebuilt only when ``lm_head.weight`` itself is loaded). ``model``: a module or a full state dict."""
+    if not isinstance(model, torch.nn.Module):
+        weights = {k: v.detach() for k, v in model.items()}
+        if "lm_head.weight" not in weights and "model.embed_tokens.weight" in weights:
+            weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
+        return weights
     weights = {k: v.detach() for k, v in model.state_dict().items()}
     head = model.get_output_embeddings()
     if head is not None and "lm_head.weight" not in weights:
@@ -111,14 +117,19 @@ def checkpoint_weights(model) -> dict[str, torch.Tensor]:
 
 
 class VLLMEngine:
-    """Samples answers with vLLM from the policy ``model``; ``version`` counts weight updates.
+    """Samples answers with vLLM from the policy ``model``; ``version`` is the policy version of its weights.
 
-    ``llm_kwargs`` are passed to ``vllm.LLM`` and override this backend's defaults.
+    ``generate`` and ``update_weights`` exclude each other (an update waits for the generation call
+    in flight), so a rollout thread may generate while the trainer updates. ``llm_kwargs`` are passed
+    to ``vllm.LLM`` and override this backend's defaults; ``dtype`` (``rollout.dtype``) overrides the
+    engine's precision.
     """
 
-    def __init__(self, model, tokenizer, *, device: torch.device, seed: int, **llm_kwargs: Any):
+    def __init__(self, model, tokenizer, *, device: torch.device, seed: int, dtype: torch.dtype | None = None,
+                 **llm_kwargs: Any):
         vllm = import_vllm()
-        self.tokenizer, self.device, self.version = tokenizer, torch.device(device), 0
+        self.tokenizer, self.device, self._version = tokenizer, torch.device(device), 0
+        self._lock = threading.Lock()
         self.cached_prompt_tokens = 0
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         on_cpu = self.device.type == "cpu"
@@ -126,11 +137,16 @@ class VLLMEngine:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KVCACHE_GIB)
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         self.in_process = os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
-        dtype = model.dtype
-        if on_cpu:
-            dtype = torch.float32
-        elif dtype == torch.float32:
-            dtype = torch.bfloat16
+        if dtype is not None and on_cpu and dtype != torch.float32:
+            raise UserError(f"rollout.dtype={str(dtype).removeprefix('torch.')} with rollout.backend=vllm on the CPU: "
+                            "the CPU build of vLLM runs float32 here. Use rollout.backend=hf for a lower-precision "
+                            "rollout on the CPU.")
+        if dtype is None:
+            dtype = model.dtype
+            if on_cpu:
+                dtype = torch.float32
+            elif dtype == torch.float32:
+                dtype = torch.bfloat16
         kwargs: dict[str, Any] = dict(
             dtype=str(dtype).removeprefix("torch."), seed=seed, logprobs_mode="processed_logprobs",
             skip_tokenizer_init=True, generation_config="vllm", enable_prefix_caching=True,
@@ -152,10 +168,20 @@ class VLLMEngine:
             raise
         self._sampling_params = vllm.SamplingParams
 
+    @property
+    def version(self) -> int:
+        return self._version
+
     # -- weights ----------------------------------------------------------------------------------
     @torch.no_grad()
-    def update_weights(self, model) -> None:
-        """Copy ``model``'s current weights into the engine in place, then drop cached KV blocks."""
+    def update_weights(self, model, version: int) -> None:
+        """Copy ``model``'s current weights (policy ``version``; a module or a state dict) into the engine
+        in place, then drop cached KV blocks."""
+        with self._lock:
+            self._load(model)
+            self._version = int(version)
+
+    def _load(self, model) -> None:
         weights = checkpoint_weights(model)
         if self.in_process:
             payload: Any = list(weights.items())
@@ -186,8 +212,10 @@ class VLLMEngine:
         """Sample one answer per prompt, in prompt order (repeat a prompt to sample it several times)."""
         if not prompts:
             return []
-        outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], self.sampling_params(gconfig),
-                                 use_tqdm=False)
+        with self._lock:
+            version = self._version
+            outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], self.sampling_params(gconfig),
+                                     use_tqdm=False)
         # Prompt tokens whose KV came from the prefix cache instead of being computed again.
         self.cached_prompt_tokens = sum(out.num_cached_tokens or 0 for out in outs)
         gens = []
@@ -195,7 +223,7 @@ class VLLMEngine:
             c = out.outputs[0]
             ids = list(c.token_ids)
             logps = [float(d[t].logprob) for d, t in zip(c.logprobs or [], ids)]
-            gens.append(Generation(ids, logps, truncated=c.finish_reason == "length"))
+            gens.append(Generation(ids, logps, truncated=c.finish_reason == "length", versions=[version] * len(ids)))
         return gens
 
     # -- lifetime ---------------------------------------------------------------------------------

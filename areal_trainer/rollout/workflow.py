@@ -1,10 +1,10 @@
 """Workflows turn prompts into trajectories. ``RLVRWorkflow`` is the single-turn workflow with a
 verifiable reward: sample ``gconfig.n_samples`` answers per prompt and score each one.
 
-A workflow is any class built as ``cls(engine=..., tokenizer=..., reward=..., **rollout.workflow_kwargs)``
-whose ``rollout(samples, gconfig)`` returns one trajectory group per sample (see ``rollout/batch.py``):
-``input_ids``, ``attention_mask``, ``loss_mask``, ``logprobs`` (behaviour), ``turn_ids``, ``versions``
-``[G, L]`` and ``rewards``, ``is_truncated`` ``[G]``, plus ``num_turns`` ``[G]`` for logging.
+A workflow (the :class:`~areal_trainer.rollout.types.Workflow` protocol) is built as
+``cls(engine=..., tokenizer=..., reward=..., **rollout.workflow_kwargs)`` and its
+``rollout(samples, gconfig)`` returns one :class:`~areal_trainer.rollout.types.TrajectoryGroup`
+per sample. Rows are built from the engine's per-token policy versions (``Generation.versions``).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import torch
 
 from ..config.schema import GenerationHyperparameters
 from .batch import make_row, stack_rows
+from .types import Segment, TrajectoryGroup, answer_segment
 
 
 def prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
@@ -26,24 +27,20 @@ class RLVRWorkflow:
 
     def __init__(self, *, engine, tokenizer, reward):
         self.engine, self.tokenizer, self.reward = engine, tokenizer, reward
-        self.reward_errors = 0
 
-    def rollout(self, samples: list[dict], gconfig: GenerationHyperparameters) -> list[dict[str, torch.Tensor]]:
+    def rollout(self, samples: list[dict], gconfig: GenerationHyperparameters) -> list[TrajectoryGroup]:
         g = gconfig.n_samples
         prompts = [prompt_ids(self.tokenizer, s["messages"]) for s in samples]
         gens = self.engine.generate([p for p in prompts for _ in range(g)], gconfig)
         texts = [self.tokenizer.decode(x.output_ids, skip_special_tokens=True) for x in gens]
-        rewards, errors = self.reward(
-            [s["messages"][-1]["content"] for s in samples for _ in range(g)], texts,
-            [s["answer"] for s in samples for _ in range(g)])
-        self.reward_errors += errors
+        scores = self.reward([s["messages"][-1]["content"] for s in samples for _ in range(g)], texts,
+                             [s["answer"] for s in samples for _ in range(g)])
         groups = []
         for i, p in enumerate(prompts):
-            rows = [make_row([(p, False, None, -1), (x.output_ids, True, x.logprobs, 0)], self.engine.version)
-                    for x in gens[i * g:(i + 1) * g]]
-            group = stack_rows(rows)
-            group["rewards"] = torch.tensor(rewards[i * g:(i + 1) * g], dtype=torch.float32)
-            group["is_truncated"] = torch.tensor([x.truncated for x in gens[i * g:(i + 1) * g]])
-            group["num_turns"] = torch.ones(g)
-            groups.append(group)
+            mine = gens[i * g:(i + 1) * g]
+            tensors = stack_rows([make_row([Segment(p), answer_segment(x)]) for x in mine])
+            tensors["rewards"] = torch.tensor(scores.rewards[i * g:(i + 1) * g], dtype=torch.float32)
+            tensors["is_truncated"] = torch.tensor([x.truncated for x in mine])
+            tensors["num_turns"] = torch.ones(g)
+            groups.append(TrajectoryGroup(tensors, stats=scores.stats(i * g, (i + 1) * g)))
         return groups

@@ -45,8 +45,10 @@ class StatsLogger:
         with open(self.path, "w") as f:
             f.writelines(keep)
 
-    def log(self, step: int, metrics: dict) -> None:
-        record = {"step": step, **{k: (float(v) if isinstance(v, (int, float)) else v) for k, v in metrics.items()}}
+    def log(self, step: int, metrics: dict, extra: dict | None = None) -> None:
+        """Append one record; ``extra`` (e.g. the step's prompt ids) goes to the file, not to wandb."""
+        record = {"step": step, **{k: (float(v) if isinstance(v, (int, float)) else v) for k, v in metrics.items()},
+                  **(extra or {})}
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
         if self.wandb is not None:
@@ -66,7 +68,7 @@ def read_metrics(path: str) -> list[dict]:
 class NullLogger:
     """The logger of non-main processes: metrics are written once, by the main process."""
 
-    def log(self, step: int, metrics: dict) -> None:
+    def log(self, step: int, metrics: dict, extra: dict | None = None) -> None:
         pass
 
     def close(self) -> None:

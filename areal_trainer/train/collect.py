@@ -1,4 +1,5 @@
-"""Collect one training batch of trajectory groups, applying the dynamic-sampling filter.
+"""Collect one training batch of trajectory groups synchronously, applying the dynamic-sampling filter;
+and what every rollout source shares: running the workflow on prompts, and the batch's metrics.
 
 Fixed batch size (default): keep sampling new prompts until ``batch_size`` groups are accepted,
 for at most ``rollout.max_sampling_rounds`` rounds, then fail with a clear error.
@@ -9,29 +10,71 @@ list is returned) rather than failing the run.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 from ..errors import UserError
+from ..rollout.types import TrajectoryGroup, as_group
+
+
+@dataclass
+class Batch:
+    """What a rollout source hands the trainer for one step: the accepted groups (with their prompt
+    ids), and metrics about the sampling (``rollout/...``, ``reward/...``, ``time/...``)."""
+
+    groups: list[TrajectoryGroup]
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return [g.prompt_id for g in self.groups if g.prompt_id is not None]
+
+
+def rollout_groups(workflow, samples: list[dict], ids: Sequence[int], gconfig) -> list[TrajectoryGroup]:
+    """``workflow.rollout(samples)`` as checked :class:`TrajectoryGroup`\\ s tagged with their prompt ids."""
+    out = workflow.rollout(samples, gconfig)
+    label = f"rollout.workflow {type(workflow).__module__}.{type(workflow).__qualname__}"
+    if not isinstance(out, (list, tuple)) or len(out) != len(samples):
+        got = f"{len(out)} groups" if isinstance(out, (list, tuple)) else type(out).__name__
+        raise UserError(f"{label}: rollout() returned {got} for {len(samples)} prompts; it must return one "
+                        "trajectory group per prompt, in order.")
+    groups = [as_group(g) for g in out]
+    problems = [p for g in groups for p in g.problems(label)]
+    if problems:
+        raise UserError("; ".join(dict.fromkeys(problems)))
+    for g, i in zip(groups, ids):
+        g.prompt_id = int(i)
+    return groups
+
+
+def sampled_metrics(sampled: Sequence[TrajectoryGroup], accepted: Sequence[TrajectoryGroup]) -> dict[str, float]:
+    """Filtering and reward statistics of every group sampled for a batch (accepted or not)."""
+    rewards = sum(float(g["rewards"].sum()) for g in sampled)
+    answers = sum(g["rewards"].numel() for g in sampled)
+    out = {"rollout/accepted_groups": len(accepted), "rollout/sampled_groups": len(sampled),
+           "rollout/accept_rate": len(accepted) / max(len(sampled), 1), "reward/sampled": rewards / max(answers, 1),
+           "rollout/reward_errors": 0.0, "reward/verify_timeouts": 0.0}
+    for g in sampled:
+        out["rollout/reward_errors"] += g.stats.get("reward_errors", 0.0)
+        out["reward/verify_timeouts"] += g.stats.get("verify_timeouts", 0.0)
+    return out
 
 
 def collect_groups(loader, workflow, gconfig, *, batch_size: int, accept: Callable | None, dynamic_bs: bool,
-                   max_rounds: int, world_size: int = 1, reduce_max: Callable[[int], int] = lambda x: x
-                   ) -> tuple[list[dict], dict[str, float]]:
-    """(accepted groups, metrics about filtering).
+                   max_rounds: int, world_size: int = 1, reduce_max: Callable[[int], int] = lambda x: x) -> Batch:
+    """The accepted groups of one batch, and metrics about filtering.
 
     With several processes ``batch_size`` is this process's share and ``reduce_max`` takes the
     maximum over processes, so that all of them run the same rounds and draw the same number of
     prompts from the (shared-order) loader: no prompt is used twice.
     """
-    accepted: list[dict] = []
-    attempted, reward_sum, reward_n = 0, 0.0, 0
+    accepted: list[TrajectoryGroup] = []
+    sampled: list[TrajectoryGroup] = []
     for _ in range(max_rounds):
         want = batch_size if (dynamic_bs or accept is None) else reduce_max(batch_size - len(accepted))
-        samples = loader.take(want * world_size)
-        groups = workflow.rollout(samples, gconfig)
-        attempted += len(groups)
-        for g in groups:
-            reward_sum, reward_n = reward_sum + float(g["rewards"].sum()), reward_n + g["rewards"].numel()
+        ids = loader.take_ids(want * world_size)
+        groups = rollout_groups(workflow, [loader.samples[i] for i in ids], ids, gconfig)
+        sampled += groups
         accepted += [g for g in groups if accept is None or accept(g)]
         short = batch_size - len(accepted) if not dynamic_bs else int(not accepted)
         if accept is None or reduce_max(short) <= 0:
@@ -39,13 +82,10 @@ def collect_groups(loader, workflow, gconfig, *, batch_size: int, accept: Callab
     else:
         if not dynamic_bs:
             raise UserError(
-                f"rollout.dynamic_filter accepted only {len(accepted)} of {attempted} prompt groups in "
+                f"rollout.dynamic_filter accepted only {len(accepted)} of {len(sampled)} prompt groups in "
                 f"rollout.max_sampling_rounds={max_rounds} rounds (needed {batch_size}). Raise "
                 "rollout.max_sampling_rounds or gconfig.n_samples, set dynamic_bs=true, or loosen the filter.")
     accepted = accepted[:batch_size] if not dynamic_bs else accepted
     if dynamic_bs and reduce_max(int(not accepted)) > 0:
         accepted = []  # some process has nothing to train on: every process skips this step together
-    return accepted, {"rollout/accepted_groups": len(accepted), "rollout/sampled_groups": attempted,
-                      "rollout/accept_rate": len(accepted) / max(attempted, 1),
-                      "reward/sampled": reward_sum / max(reward_n, 1)}
-
+    return Batch(accepted, sampled_metrics(sampled, accepted))

@@ -14,13 +14,18 @@ from ..config.schema import GenerationHyperparameters
 
 def evaluate(workflow, samples: list[dict], gconfig: GenerationHyperparameters, batch_size: int) -> dict[str, float]:
     correct, rewards = [], []
+    errors = timeouts = 0.0
     for i in range(0, len(samples), batch_size):
         for group in workflow.rollout(samples[i:i + batch_size], gconfig):
             r = group["rewards"].float()
             rewards.append(r)
             correct.append((r > 0).float())
+            stats = getattr(group, "stats", {})
+            errors += stats.get("reward_errors", 0.0)
+            timeouts += stats.get("verify_timeouts", 0.0)
     c = torch.stack(correct)  # [prompts, k]
-    out = {"eval/accuracy": float(c.mean()), "eval/reward": float(torch.stack(rewards).mean())}
+    out = {"eval/accuracy": float(c.mean()), "eval/reward": float(torch.stack(rewards).mean()),
+           "eval/reward_errors": errors, "eval/verify_timeouts": timeouts}
     if c.shape[1] > 1:
         out["eval/pass@k"] = float(c.max(dim=1).values.mean())
     return out

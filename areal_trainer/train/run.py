@@ -1,6 +1,11 @@
 """The training loop. Each step: rollout (generate + reward) -> extra forwards -> advantage ->
 policy update -> evaluation / checkpoint -> metrics. ``run(cfg, run_dir)`` is the whole job.
 
+The trainer owns the policy version: it is the step count (the number of optimizer updates the
+weights have seen), and it advances together with the LR schedule exactly once per step, also for a
+step with nothing to train on; the rollout receives the new weights with their version after every
+step (``sources.py``). Which log-probabilities the three policies get is decided in ``policies.py``.
+
 Under FSDP2 (``fsdp.py``) the policy and critic are sharded once the reference policy and critic
 have been copied from the whole policy (``_build_aux_models``); generation and the no-grad
 forwards run with the weights gathered (``fsdp.gathered``), checkpoints hold the full weights.
@@ -8,8 +13,11 @@ forwards run with the weights gathered (``fsdp.gathered``), checkpoints hold the
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
+import signal
+import threading
 import time
 
 import numpy as np
@@ -27,18 +35,17 @@ from ..loss import bind_policy_loss
 from ..model.builtin import is_builtin
 from ..model.load import autocast_dtype, load_causal_lm, load_tokenizer, resolve_device
 from ..plugins import import_object
-from ..reward import verify
 from ..reward.runner import RewardRunner
-from ..rollout.backends import make_engine
 from ..rollout.batch import concat_groups
 from ..tracking.logger import NullLogger, StatsLogger, read_metrics
 from ..tracking.plot import plot_run
 from . import checkpoint as ckpt
-from .collect import collect_groups
+from . import policies
 from .evaluate import evaluate
 from .models import build_critic, build_ref
 from .optim import build_optimizer, build_scheduler
 from .sft import load_cached, sft_warmup, store_cached, warmstart_key
+from .sources import build_rollout, rollout_mode
 from .step import (
     batched_logprobs,
     batched_values,
@@ -84,17 +91,21 @@ class RLTrainer:
                                     seed=cfg.seed, init_from_scratch=cfg.actor.init_from_scratch and not self.resume_from)
         if cfg.actor.gradient_checkpointing:
             getattr(self.model, "activation_checkpointing_enable", self.model.gradient_checkpointing_enable)()
-        self.engine = make_engine(cfg, self.model, self.tokenizer, device=self.device, autocast_dtype=self.autocast)
         reward = RewardRunner(import_object(cfg.reward.fn, "reward.fn"), name=cfg.reward.fn, kwargs=cfg.reward.kwargs,
                               error_value=cfg.reward.error_value, max_error_fraction=cfg.reward.max_error_fraction)
-        self.workflow = import_object(cfg.rollout.workflow, "rollout.workflow")(
-            engine=self.engine, tokenizer=self.tokenizer, reward=reward, **cfg.rollout.workflow_kwargs)
-        self.accept = import_object(cfg.rollout.dynamic_filter, "rollout.dynamic_filter") if cfg.rollout.dynamic_filter else None
-        self.advantage_fn = resolve_advantage(cfg.actor)
-        self.loss_fn = bind_policy_loss(cfg.actor)
+        self.mode = rollout_mode(cfg)
         self.loader = PromptLoader(self.train_samples, cfg.train_dataset.batch_size, shuffle=cfg.train_dataset.shuffle,
                                    drop_last=cfg.train_dataset.drop_last, seed=cfg.seed, rank=self.dist.rank,
-                                   world_size=self.dist.world_size)
+                                   world_size=self.dist.world_size,
+                                   mode="local" if self.mode == "concurrent" else "global")
+        rollout = build_rollout(cfg, model=self.model, tokenizer=self.tokenizer, reward=reward, loader=self.loader,
+                                device=self.device, autocast_dtype=self.autocast, world_size=self.dist.world_size,
+                                reduce_max=lambda x: int(self.dist.all_reduce(torch.tensor(x), "max")))
+        self.source, self.engine, self.eval_workflow = rollout.source, rollout.engine, rollout.eval_workflow
+        self.colocated = self.mode == "sync" and cfg.rollout.dtype is None  # generation runs on self.model
+        self.plan = policies.PolicyPlan.from_actor(cfg.actor)
+        self.advantage_fn = resolve_advantage(cfg.actor)
+        self.loss_fn = bind_policy_loss(cfg.actor)
         total = cfg.total_train_epochs * self.loader.steps_per_epoch
         self.total_steps = min(total, cfg.total_train_steps) if cfg.total_train_steps else total
         # Optimizers are built with the reference policy and critic, once the policy's parameters are
@@ -104,7 +115,13 @@ class RLTrainer:
         self.sum_fn = self.dist.sum_fn()
         self.sync_grads = self.dist.sync_gradients if self.dist.enabled and not self.dist.fsdp else None
         self.step, self.consecutive_skips = 0, 0
+        self.trained_prompts: list[int] = []
         self.last_save = self.last_eval = time.time()
+
+    @property
+    def version(self) -> int:
+        """The policy version of the current weights: the number of steps taken."""
+        return self.step
 
     def _build_aux_models(self) -> None:
         """Reference policy and critic, from the policy as RL starts (or from the checkpoint); under
@@ -137,9 +154,13 @@ class RLTrainer:
         state = ckpt.load_trainer_state(self.resume_from)
         fsdp.load_optimizer_state(self.model, self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
-        self.loader.load_state_dict(state["loader"])
         self.step, self.consecutive_skips = state["step"], state["consecutive_skips"]
-        self.engine.version = state["version"]
+        try:
+            source = state["source"] if "source" in state else {"loader": state["loader"]}  # older checkpoints
+            self.source.load_state_dict(source, self.version)
+        except (ValueError, KeyError) as e:
+            raise UserError(f"{self.resume_from} was written by a run with other rollout settings ({e}); resume it "
+                            "with the rollout.max_head_offpolicyness and rollout.offpolicy_mode it was started with.") from None
         if self.critic is not None:
             fsdp.load_optimizer_state(self.critic, self.critic_optimizer, state["critic_optimizer"])
             self.critic_scheduler.load_state_dict(state["critic_scheduler"])
@@ -147,8 +168,8 @@ class RLTrainer:
 
     def _save(self) -> str:
         state = {"optimizer": fsdp.optimizer_state(self.model, self.optimizer), "scheduler": self.scheduler.state_dict(),
-                 "loader": self.loader.state_dict(), "consecutive_skips": self.consecutive_skips,
-                 "version": self.engine.version}
+                 "source": self.source.state_dict(), "consecutive_skips": self.consecutive_skips,
+                 "version": self.version}
         models = {"actor": self.model}
         if self.critic is not None:
             models["critic"] = self.critic
@@ -178,7 +199,7 @@ class RLTrainer:
         t0 = time.time()
         mine = self.valid_samples[self.dist.rank::self.dist.world_size]
         with fsdp.gathered(self.model):
-            out = evaluate(self.workflow, mine, self.cfg.eval_gconfig, self.cfg.valid_dataset.batch_size)
+            out = evaluate(self.eval_workflow, mine, self.cfg.eval_gconfig, self.cfg.valid_dataset.batch_size)
         self.last_eval = time.time()
         out["time/eval"] = self.last_eval - t0
         return self.dist.reduce_metrics(out)
@@ -208,25 +229,47 @@ class RLTrainer:
             store_cached(self.model, key, metrics)
         log.log(0, metrics)
 
+    def _push_weights(self) -> None:
+        """Hand the current weights, with their version, to the rollout."""
+        weights = self.model
+        if fsdp.is_sharded(self.model) and not self.colocated:
+            weights = fsdp.full_state_dict(self.model, all_ranks=True)  # collective
+        self.source.update_weights(weights, self.version)
+
+    def _advance(self) -> None:
+        """End a step: the LR schedules, the step count and the policy version advance together, and
+        the rollout receives the new weights (also after a step with nothing to train on)."""
+        self.scheduler.step()
+        if self.critic is not None:
+            self.critic_scheduler.step()
+        self.step += 1
+        self._push_weights()
+
+    def _generation(self):
+        """Where the trained model generates: gathered under FSDP2 when the rollout runs on it."""
+        return fsdp.gathered(self.model) if self.colocated else contextlib.nullcontext()
+
     def train_step(self) -> dict[str, float]:
         cfg, a = self.cfg, self.cfg.actor
         t0 = time.time()
-        world = self.dist.world_size
-        with fsdp.gathered(self.model):
-            groups, metrics = collect_groups(
-                self.loader, self.workflow, cfg.gconfig, batch_size=cfg.train_dataset.batch_size // world,
-                accept=self.accept, dynamic_bs=cfg.dynamic_bs, max_rounds=cfg.rollout.max_sampling_rounds,
-                world_size=world, reduce_max=lambda x: int(self.dist.all_reduce(torch.tensor(x), "max")))
-        if not groups:  # dynamic_bs and no prompt group passed the filter: nothing to train on
+        with self._generation():
+            batch = self.source.next_batch(self.version)
+        metrics = batch.metrics
+        self.trained_prompts = batch.prompt_ids
+        if not batch.groups:  # dynamic_bs and no prompt group passed the filter: nothing to train on
+            self._advance()
             return {**metrics, "reward/task": metrics["reward/sampled"], "update/skipped_empty_batch": 1.0,
-                    "time/step": time.time() - t0}
-        batch, sizes = concat_groups(groups)
-        data = {k: v.to(self.device) for k, v in batch.items()}
+                    "lr": self.scheduler.get_last_lr()[0], "time/step": time.time() - t0}
+        tensors, sizes = concat_groups(batch.groups)
+        data = {k: v.to(self.device) for k, v in tensors.items()}
         t1 = time.time()
-        if a.should_compute_prox_logp():
+
+        def recompute(d: dict) -> torch.Tensor:
             with fsdp.gathered(self.model):
-                data["prox_logp"] = batched_logprobs(self.model, data, temperature=a.temperature,
-                                                     mb_spec=a.mb_spec, autocast_dtype=self.autocast)
+                return batched_logprobs(self.model, d, temperature=a.temperature, mb_spec=a.mb_spec,
+                                        autocast_dtype=self.autocast)
+
+        logps = policies.prepare(self.plan, data, recompute)
         if self.ref is not None:
             data["ref_logp"] = batched_logprobs(self.ref, data, temperature=a.temperature, mb_spec=a.mb_spec,
                                                 autocast_dtype=self.autocast)
@@ -235,31 +278,29 @@ class RLTrainer:
                 data["values"] = batched_values(self.critic, data, mb_spec=cfg.critic.mb_spec,
                                                 autocast_dtype=self.autocast)
         t2 = time.time()
-        adv = compute_advantage(self.advantage_fn, data, a, sizes, all_reduce=self.sum_fn)
+        adv = compute_advantage(self.advantage_fn, data, a, sizes, all_reduce=self.sum_fn, old_logprobs=logps.old)
         # Every process must run the same number of optimizer steps.
         rows = int(self.dist.all_reduce(torch.tensor(len(data["rewards"])), "min"))
         t3 = time.time()
-        upd, skipped = policy_update(self.model, self.optimizer, training_batch(data, adv), loss_fn=self.loss_fn,
-                                     actor_cfg=a, version=self.engine.version, autocast_dtype=self.autocast,
+        pols = policies.for_loss(self.plan, logps, adv, self.version)
+        upd, skipped = policy_update(self.model, self.optimizer, training_batch(data, adv, pols), loss_fn=self.loss_fn,
+                                     actor_cfg=a, version=self.version, autocast_dtype=self.autocast,
                                      all_reduce=self.sum_fn, sync_grads=self.sync_grads,
                                      n_minibatches=min(a.ppo_n_minibatches, rows))
-        self.scheduler.step()
         if self.critic is not None:
             cmetrics, _ = critic_update(self.critic, self.critic_optimizer, data, adv, critic_cfg=cfg.critic,
                                         autocast_dtype=self.autocast, all_reduce=self.sum_fn,
                                         sync_grads=self.sync_grads, n_minibatches=min(cfg.critic.ppo_n_minibatches, rows))
-            self.critic_scheduler.step()
             metrics.update(cmetrics)
-        self.engine.version += 1
-        self.engine.update_weights(self.model)
+        metrics.update(policies.policy_metrics(logps, adv.loss_mask, self.version,
+                                               cfg.rollout.max_head_offpolicyness))
+        self._advance()
         t4 = time.time()
         self.consecutive_skips = self.consecutive_skips + 1 if skipped == a.ppo_n_minibatches else 0
         tokens = float(data["attention_mask"].sum())
         metrics.update(rollout_metrics(data, adv))
         metrics.update(upd)
-        metrics.update({"rollout/reward_errors": float(getattr(self.workflow, "reward_errors", 0)),
-                        "reward/verify_timeouts": float(verify.timeouts()),
-                        "time/rollout": t1 - t0, "time/logprobs": t2 - t1, "time/advantage": t3 - t2,
+        metrics.update({"time/rollout": t1 - t0, "time/logprobs": t2 - t1, "time/advantage": t3 - t2,
                         "time/update": t4 - t3, "time/step": t4 - t0, "perf/tokens_per_s": tokens / max(t4 - t0, 1e-9),
                         "lr": self.scheduler.get_last_lr()[0]})
         return metrics
@@ -268,11 +309,12 @@ class RLTrainer:
         if self.resume_from:
             self._build_aux_models()
             self._restore()
+            self._push_weights()
         main = self.dist.is_main
         log = StatsLogger(self.run_dir, self.cfg, resume_step=self.step if self.resume_from else None) if main else NullLogger()
         if not self.resume_from:
             self.warm_start(log)
-            self.engine.update_weights(self.model)
+            self._push_weights()
             self._build_aux_models()
             if self.dist.enabled:  # identical initial weights everywhere; different samples per process
                 seed_everything(self.cfg.seed + 10007 * self.dist.rank)
@@ -281,10 +323,11 @@ class RLTrainer:
         bar = tqdm(total=self.total_steps, initial=self.step, desc=f"{self.cfg.algorithm}", dynamic_ncols=True,
                    disable=not (self.cfg.stats_logger.progress_bar and main))
         last: dict[str, float] = {}
+        self.source.start()
         try:
             while self.step < self.total_steps:
                 metrics = self.dist.reduce_metrics(self.train_step())
-                self.step += 1
+                prompts = sorted(i for ids in self.dist.gather_objects(self.trained_prompts) for i in ids)
                 if self.consecutive_skips >= self.cfg.actor.max_consecutive_nonfinite_steps:
                     found = ckpt.latest_checkpoint(self.run_dir)
                     raise UserError(f"{self.consecutive_skips} consecutive optimizer steps had a non-finite loss or "
@@ -295,7 +338,7 @@ class RLTrainer:
                     metrics.update(self._evaluate())
                 # The record goes to disk before the checkpoint: a checkpoint then always implies its
                 # step's record, and a kill between the two only repeats that step on resume.
-                log.log(self.step, metrics)
+                log.log(self.step, metrics, extra={"data/prompt_ids": prompts})
                 if self._due(self.cfg.saver, self.last_save) or self._due(self.cfg.recover, self.last_save):
                     self._save()
                 last = metrics
@@ -303,6 +346,7 @@ class RLTrainer:
                                 **({"acc": f"{metrics['eval/accuracy']:.3f}"} if "eval/accuracy" in metrics else {}))
                 bar.update(1)
         finally:
+            self.source.close()
             bar.close()
             log.close()
         return self._summary(last) if main else {}
@@ -322,10 +366,34 @@ class RLTrainer:
         return summary
 
 
+class Terminated(SystemExit):
+    """SIGTERM arrived: the run stops like after Ctrl-C (exit status 143)."""
+
+
+@contextlib.contextmanager
+def _sigterm_stops_cleanly():
+    """SIGTERM raises :class:`Terminated` in the main thread, so the rollout thread is stopped and the
+    files are closed on the way out (the newest complete checkpoint stays valid: checkpoints are
+    renamed into place only once complete)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise Terminated(128 + signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run(cfg: TrainerConfig, run_dir: str) -> dict[str, float]:
     """Train according to ``cfg``, writing everything into ``run_dir``; returns a summary."""
-    trainer = RLTrainer(cfg, run_dir)
-    try:
-        return trainer.train()
-    finally:
-        trainer.dist.shutdown()
+    with _sigterm_stops_cleanly():
+        trainer = RLTrainer(cfg, run_dir)
+        try:
+            return trainer.train()
+        finally:
+            trainer.dist.shutdown()

@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 from ..config.schema import SFTWarmupConfig
 from ..data.datasets import demonstration
 from ..rollout.batch import make_row, stack_rows
+from ..rollout.types import Segment
 from ..rollout.workflow import prompt_ids
 from .logprobs import forward_logprobs
 from .optim import lr_factor
@@ -29,8 +30,8 @@ def sft_batch(samples: list[dict], tokenizer) -> dict[str, torch.Tensor]:
     rows = []
     for s in samples:
         answer = tokenizer(demonstration(s), add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
-        rows.append(make_row([(prompt_ids(tokenizer, s["messages"]), False, None, -1),
-                              (answer, True, [0.0] * len(answer), 0)], version=0))
+        rows.append(make_row([Segment(prompt_ids(tokenizer, s["messages"])),
+                              Segment(answer, True, [0.0] * len(answer), [0] * len(answer), 0)]))
     return stack_rows(rows)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from ..advantage import AdvantageInputs, AdvantageResult, TrajBatchMeta
-from ..loss import PolicyLossInputs, explained_variance, loss_normalizer, value_loss
+from ..loss import PolicyLogprobs, PolicyLossInputs, explained_variance, loss_normalizer, value_loss
 from ..rollout.batch import select_rows
 from .logprobs import forward_logprobs
 from .update import micro_batches, optimizer_steps
@@ -65,28 +65,23 @@ def critic_update(critic, optimizer, data: dict, adv: AdvantageResult, *, critic
     return metrics, skipped
 
 
-def aligned_versions(versions: torch.Tensor) -> torch.Tensor:
-    """Roll token-aligned policy versions to next-token alignment (last column -1)."""
-    v = torch.roll(versions, -1, dims=1)
-    v[:, -1] = -1
-    return v
-
-
-def compute_advantage(advantage_fn, data: dict, actor_cfg, group_sizes: list[int], all_reduce=None) -> AdvantageResult:
+def compute_advantage(advantage_fn, data: dict, actor_cfg, group_sizes: list[int], all_reduce=None,
+                      old_logprobs: torch.Tensor | None = None) -> AdvantageResult:
     meta = TrajBatchMeta(traj_group_sizes=tuple(group_sizes))
-    return advantage_fn(AdvantageInputs(data=data, config=actor_cfg, meta=meta, all_reduce=all_reduce))
+    return advantage_fn(AdvantageInputs(data=data, config=actor_cfg, meta=meta, all_reduce=all_reduce,
+                                        old_logprobs=old_logprobs))
 
 
-def training_batch(data: dict, adv: AdvantageResult) -> dict[str, torch.Tensor]:
-    """What the policy update needs, all ``[B, S]`` and next-token aligned."""
+def training_batch(data: dict, adv: AdvantageResult, policies: PolicyLogprobs) -> dict[str, torch.Tensor]:
+    """What the policy update needs, all ``[B, S]`` and next-token aligned, split by rows into
+    minibatches and micro-batches (``old_logp``/``prox_logp``/``versions`` are ``policies``' tensors)."""
     batch = {
         "input_ids": data["input_ids"], "attention_mask": data["attention_mask"],
-        "loss_mask": adv.loss_mask, "old_logp": adv.logprobs, "advantages": adv.advantages,
-        "versions": aligned_versions(data["versions"]),
+        "loss_mask": adv.loss_mask, "advantages": adv.advantages,
+        "old_logp": policies.behavior, "versions": policies.versions,
     }
-    prox = (adv.extras or {}).get("prox_logp", data.get("prox_logp"))
-    if prox is not None:
-        batch["prox_logp"] = prox
+    if policies.proximal is not None:
+        batch["prox_logp"] = policies.proximal
     return batch
 
 
@@ -101,10 +96,10 @@ def policy_update(model, optimizer, batch: dict, *, loss_fn, actor_cfg, version:
         logp, entropy = forward_logprobs(model, sub["input_ids"], sub["attention_mask"],
                                          temperature=actor_cfg.temperature, with_entropy=True,
                                          autocast_dtype=autocast_dtype)
-        inputs = PolicyLossInputs(
-            logprobs=logp, proximal_logprobs=sub.get("prox_logp"), behavior_logprobs=sub["old_logp"],
-            advantages=sub["advantages"], loss_mask=sub["loss_mask"], versions=sub["versions"],
-            current_version=version, entropy=entropy)
+        policies = PolicyLogprobs(behavior=sub["old_logp"], proximal=sub.get("prox_logp"),
+                                  versions=sub["versions"], current_version=version)
+        inputs = PolicyLossInputs(logprobs=logp, policies=policies, advantages=sub["advantages"],
+                                  loss_mask=sub["loss_mask"], entropy=entropy)
         result = loss_fn(inputs, normalizer=normalizer)
         return result.loss, result.stats
 

@@ -42,28 +42,25 @@ def test_outcome_broadcast_and_masked_positions_are_zero():
     close(out.loss_mask, [[0, 1, 1, 0, 0], [1, 1, 1, 1, 0]])
 
 
-def test_pi_old_without_decoupled_loss():
+def test_pi_old_defaults_to_the_aligned_behaviour_logprobs():
     data = batch([[0, 1, 1]], [1.0], logprobs=[[0, -1.0, -2.0]])
     out = run(data)
     close(out.logprobs, [[-1, -2, 0]])
-    assert torch.equal(out.extras["prox_logp"], out.logprobs)  # the proximal policy is pi_old
+    assert "prox_logp" not in out.extras  # the proximal policy is decided by train/policies.py
 
 
-def test_pi_old_recomputed():
-    data = batch([[0, 1, 1]], [1.0], logprobs=[[0, -1.0, -2.0]], prox_logp=[[-0.5, -0.7, 5.0]])
-    out = run(data, actor(recompute_logprob=True))
-    close(out.logprobs, [[-0.5, -0.7, 0]])  # already aligned, masked
-    close(out.extras["prox_logp"], [[-0.5, -0.7, 0]])
-    with pytest.raises(ValueError, match="prox_logp"):
-        run(batch([[0, 1, 1]], [1.0]), actor(recompute_logprob=True))
+def test_pi_old_given_by_the_trainer_is_used_masked():
+    # train/policies.py passes a recomputed pi_old (already aligned); the advantage only masks it.
+    data = batch([[0, 1, 1]], [1.0], logprobs=[[0, -1.0, -2.0]])
+    out = run(data, actor(recompute_logprob=True), old_logprobs=torch.tensor([[-0.5, -0.7, 5.0]]))
+    close(out.logprobs, [[-0.5, -0.7, 0]])
 
 
-@pytest.mark.filterwarnings("ignore:.*use_decoupled_loss=true without rejection_sampling")
-def test_pi_old_decoupled_keeps_behaviour_and_prox():
-    data = batch([[0, 1, 1]], [1.0], logprobs=[[0, -1.0, -2.0]], prox_logp=[[-0.5, -0.7, 5.0]])
-    out = run(data, actor(use_decoupled_loss=True, recompute_logprob=True))
-    close(out.logprobs, [[-1, -2, 0]])
-    assert "prox_logp" not in out.extras  # the batch's own prox_logp stays the proximal policy
+def test_pi_old_enters_the_kl_reward():
+    # k1 KL with kl_ctl 1 against ref 0 is -old on active positions.
+    data = batch([[0, 1, 1]], [0.0], logprobs=[[0, -1.0, -2.0]], ref_logp=torch.zeros(1, 3))
+    out = run(data, actor(kl_ctl=1.0), old_logprobs=torch.tensor([[-0.5, -0.7, 5.0]]))
+    close(out.kl_rewards, [[0.5, 0.7, 0]])
 
 
 def test_integer_rewards_and_untouched_inputs():

@@ -19,6 +19,8 @@ from areal_trainer.dist import init_distributed
 from areal_trainer.loss import bind_policy_loss
 from areal_trainer.model.builtin import build_model, build_tokenizer
 from areal_trainer.rollout.batch import concat_groups, make_row, stack_rows
+from areal_trainer.rollout.types import Segment
+from areal_trainer.train.policies import PolicyPlan, for_loss, prepare
 from areal_trainer.train.step import compute_advantage, policy_update, training_batch
 from areal_trainer.train.update import balanced_partition, micro_batches
 
@@ -32,7 +34,7 @@ def global_groups():
             prompt = torch.randint(10, 800, (5 + k,), generator=g).tolist()
             out = torch.randint(10, 800, (3 + (k + j) % 4,), generator=g).tolist()
             lp = (-torch.rand(len(out), generator=g)).tolist()
-            rows.append(make_row([(prompt, False, None, -1), (out, True, lp, 0)], version=0))
+            rows.append(make_row([Segment(prompt), Segment(out, True, lp, [0] * len(out), 0)]))
         group = stack_rows(rows)
         group["rewards"] = torch.tensor([float(k % 2), float(j == 1 and k > 1)]) if k else torch.tensor([1.0, 0.0])
         group["is_truncated"] = torch.tensor([False, True])
@@ -61,9 +63,10 @@ def main(out: str, fsdp_mode: bool = False) -> None:
     groups = global_groups()
     per = len(groups) // ctx.world_size
     data, sizes = concat_groups(groups[ctx.rank * per:(ctx.rank + 1) * per])
-    adv = compute_advantage(resolve_advantage(cfg), data, cfg, sizes, all_reduce=ctx.sum_fn())
-    batch = training_batch(data, adv)
-    batch["prox_logp"] = batch["old_logp"]
+    plan = PolicyPlan.from_actor(cfg)
+    logps = prepare(plan, data, forward=None)  # this configuration recomputes nothing
+    adv = compute_advantage(resolve_advantage(cfg), data, cfg, sizes, all_reduce=ctx.sum_fn(), old_logprobs=logps.old)
+    batch = training_batch(data, adv, for_loss(plan, logps, adv, version=0))
     lengths = batch["attention_mask"].sum(1).tolist()
     n_micro = [len(micro_batches(rows, lengths, cfg.mb_spec)) for rows in balanced_partition(lengths, 2)]
     opt = torch.optim.SGD(model.parameters(), lr=1.0)

@@ -7,13 +7,12 @@ import torch
 
 from areal_trainer.loss import (
     PolicyLossFn,
-    PolicyLossInputs,
     approximate_prox_logp,
     m2po_mask,
     version_alpha,
 )
 
-from .helpers import inputs, mask_of, t
+from .helpers import inputs, loss_inputs, mask_of, t
 
 
 def m2_inputs(m2_values):
@@ -111,8 +110,8 @@ def test_approximations_are_float32_of_the_input_shape(method):
 
 def _no_prox(logp, versions, current_version=2):
     logp = t(logp).requires_grad_()
-    return PolicyLossInputs(logp, None, t([[-1.0, -1.0]]), t([[1.0, 1.0]]), mask_of([[1, 1]]),
-                            versions=versions, current_version=current_version)
+    return loss_inputs(logp, None, t([[-1.0, -1.0]]), t([[1.0, 1.0]]), mask_of([[1, 1]]),
+                       versions=versions, current_version=current_version)
 
 
 def test_missing_prox_requires_loglinear():

@@ -17,7 +17,7 @@ from areal_trainer.loss import (
     value_loss,
 )
 
-from .helpers import actor_config, inputs, mask_of, t
+from .helpers import actor_config, inputs, loss_inputs, mask_of, t
 
 ICEPOP = {"level": "token", "action": "mask", "metric": "ratio", "lower": 0.5, "upper": 5.0}
 KPOP = {"level": "token", "action": "mask", "metric": "binary_kl", "upper": 2.0}
@@ -173,10 +173,8 @@ def _rows(inp, rows):
     def cut(x):
         return None if x is None or not isinstance(x, torch.Tensor) or x.dim() == 0 else x[rows]
     return PolicyLossInputs(
-        logprobs=inp.logprobs[rows], proximal_logprobs=cut(inp.proximal_logprobs),
-        behavior_logprobs=inp.behavior_logprobs[rows], advantages=inp.advantages[rows],
-        loss_mask=inp.loss_mask[rows], versions=cut(inp.versions), current_version=inp.current_version,
-        entropy=cut(inp.entropy))
+        logprobs=inp.logprobs[rows], policies=inp.policies.rows(rows), advantages=inp.advantages[rows],
+        loss_mask=inp.loss_mask[rows], entropy=cut(inp.entropy))
 
 
 def test_value_stats_follow_the_convention():
@@ -220,7 +218,7 @@ def test_no_host_sync_in_the_loss_path(cfg):
     extra = dict(entropy=torch.rand(4, 6), versions=torch.zeros(4, 6, dtype=torch.long), current_version=2)
     inp = random_inputs(**extra)
     if cfg.get("prox_logp_method") == "loglinear":
-        inp = PolicyLossInputs(inp.logprobs, None, inp.behavior_logprobs, inp.advantages, inp.loss_mask, **extra)
+        inp = loss_inputs(inp.logprobs, None, inp.policies.behavior, inp.advantages, inp.loss_mask, **extra)
     with ForbidHostSync():
         res = fn(inp, normalizer=torch.tensor(40.0))
         res.loss.backward()

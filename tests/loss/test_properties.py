@@ -21,6 +21,8 @@ from areal_trainer.loss import (
 )
 from areal_trainer.loss.m2po import second_moment
 
+from .helpers import loss_inputs
+
 # LOSS_PROPERTY_EXAMPLES=1000 runs a deeper search than the default quick one.
 SETTINGS = settings(max_examples=int(os.environ.get("LOSS_PROPERTY_EXAMPLES", "30")), deadline=None)
 
@@ -69,7 +71,7 @@ def build(seed: int, b: int, s: int, *, ratio_one: bool = False, spread: float =
     extra = {}
     if versions:
         extra = dict(versions=torch.randint(-1, 3, (b, s), generator=g), current_version=3)
-    return PolicyLossInputs(logp.clone().requires_grad_(), prox.clone(), behav.clone(), adv, mask, **extra)
+    return loss_inputs(logp.clone().requires_grad_(), prox.clone(), behav.clone(), adv, mask, **extra)
 
 
 def run(fn: PolicyLossFn, inp: PolicyLossInputs, normalizer=None):
@@ -128,12 +130,13 @@ def test_masked_positions_never_matter(variant, mode, garbage, seed, b, s):
     def dirty(x):
         return torch.where(mask, x, garbage)
 
-    noisy = PolicyLossInputs(
-        dirty(clean.logprobs.detach()).requires_grad_(), dirty(clean.proximal_logprobs), dirty(clean.behavior_logprobs),
-        dirty(clean.advantages), mask, versions=clean.versions, current_version=3)
+    versions = clean.policies.versions
+    noisy = loss_inputs(
+        dirty(clean.logprobs.detach()).requires_grad_(), dirty(clean.policies.proximal),
+        dirty(clean.policies.behavior), dirty(clean.advantages), mask, versions=versions, current_version=3)
     if loglinear:
-        clean, noisy = (PolicyLossInputs(i.logprobs, None, i.behavior_logprobs, i.advantages, mask,
-                                         versions=i.versions, current_version=3) for i in (clean, noisy))
+        clean, noisy = (loss_inputs(i.logprobs, None, i.policies.behavior, i.advantages, mask,
+                                    versions=versions, current_version=3) for i in (clean, noisy))
     fn = fn_of(variant, mode)
     (res_a, grad_a), (res_b, grad_b) = run(fn, clean), run(fn, noisy)
     assert torch.equal(res_a.loss, res_b.loss)
@@ -158,8 +161,7 @@ def test_micro_batch_split_is_exact(variant, mode, seed, b, s, data):
     logp = full.logprobs.detach().clone().requires_grad_()
     total = 0.0
     for p in parts:
-        mb = PolicyLossInputs(logp[p], full.proximal_logprobs[p], full.behavior_logprobs[p], full.advantages[p],
-                              full.loss_mask[p])
+        mb = PolicyLossInputs(logp[p], full.policies.rows(p), full.advantages[p], full.loss_mask[p])
         total = total + fn(mb, normalizer=norm).loss
     total.backward()
     assert torch.allclose(total, whole.loss, atol=1e-6, rtol=1e-5)
@@ -183,7 +185,7 @@ def test_gspo_with_one_token_per_sequence_is_token_level(sapo, mode, data, seed,
 @given(rs=st.sampled_from(RS_VARIANTS), **shapes)
 def test_rejection_only_removes_tokens(rs, seed, b, s):
     inp = build(seed, b, s, spread=1.0)
-    out = apply_rejection_sampling(inp.proximal_logprobs, inp.behavior_logprobs, inp.loss_mask, level=rs.level,
+    out = apply_rejection_sampling(inp.policies.proximal, inp.policies.behavior, inp.loss_mask, level=rs.level,
                                    action=rs.action, metric=rs.metric, upper=rs.upper, lower=rs.lower, agg=rs.agg)
     assert not (out.mask & ~inp.loss_mask).any()
     assert torch.equal(out.weight[~out.mask], torch.zeros_like(out.weight[~out.mask]))
@@ -198,9 +200,9 @@ def test_rejection_only_removes_tokens(rs, seed, b, s):
 def test_m2po_drops_the_fewest_largest_tokens(tau, seed, b, s):
     inp = build(seed, b, s, spread=0.4)
     mask = inp.loss_mask
-    kept, n_dropped = m2po_mask(inp.behavior_logprobs, inp.proximal_logprobs, mask, threshold=tau)
+    kept, n_dropped = m2po_mask(inp.policies.behavior, inp.policies.proximal, mask, threshold=tau)
     assert not (kept & ~mask).any()
-    m2 = second_moment(inp.behavior_logprobs, inp.proximal_logprobs, mask)
+    m2 = second_moment(inp.policies.behavior, inp.policies.proximal, mask)
     values = sorted(m2[mask].tolist(), reverse=True)
     n, k = len(values), int(n_dropped.item())
     assert k == (mask & ~kept).sum().item()

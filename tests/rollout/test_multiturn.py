@@ -11,7 +11,7 @@ from areal_trainer.config.schema import GenerationHyperparameters
 from areal_trainer.errors import UserError
 from areal_trainer.model.builtin import build_tokenizer
 from areal_trainer.reward.math import gsm8k_reward_fn
-from areal_trainer.reward.runner import RewardRunner
+from areal_trainer.reward.runner import RewardRunner, Scores
 from areal_trainer.rollout.batch import concat_groups
 from areal_trainer.rollout.engine import Generation
 from areal_trainer.rollout.multiturn import DEFAULT_FEEDBACK, MultiTurnWorkflow
@@ -31,7 +31,8 @@ def tok():
 class ScriptedEngine:
     """Call ``k`` answers its ``j``-th prompt with ``script[k][j]`` (or ``script[k]`` for all), then the
     stop token unless call ``k`` is listed in ``truncated``. Logprob of token ``i`` of call ``k``:
-    ``-(k + 0.01 * (i + 1))``, so each value tells where it came from."""
+    ``-(k + 0.01 * (i + 1))``, so each value tells where it came from; its policy version is
+    ``VERSION + k`` (as if the weights were updated between calls)."""
 
     def __init__(self, tokenizer, script, truncated=()):
         self.tokenizer, self.script, self.truncated = tokenizer, script, set(truncated)
@@ -47,7 +48,8 @@ class ScriptedEngine:
             ids = self.tokenizer(text, add_special_tokens=False).input_ids
             cut = k in self.truncated
             ids = ids if cut else ids + [self.tokenizer.eos_token_id]
-            out.append(Generation(ids, [-(k + 0.01 * (i + 1)) for i in range(len(ids))], truncated=cut))
+            out.append(Generation(ids, [-(k + 0.01 * (i + 1)) for i in range(len(ids))], truncated=cut,
+                                  versions=[self.version + k] * len(ids)))
         return out
 
 
@@ -99,7 +101,8 @@ def test_two_turn_episode_token_by_token(tok):
     assert torch.allclose(logp[n_p:n_p + n0], -(0 + 0.01 * torch.arange(1, n0 + 1)))
     assert torch.allclose(logp[n_p + n0 + n_f:], -(1 + 0.01 * torch.arange(1, n1 + 1)))
     assert bool((logp[group["loss_mask"][0] == 0] == 0).all())
-    assert group["versions"][0].tolist() == [-1] * n_p + [VERSION] * n0 + [-1] * n_f + [VERSION] * n1
+    # Versions come from the engine per token: this one reports a weight update between the two calls.
+    assert group["versions"][0].tolist() == [-1] * n_p + [VERSION] * n0 + [-1] * n_f + [VERSION + 1] * n1
     assert group["attention_mask"][0].tolist() == [1] * len(expected)
     assert group["rewards"].tolist() == [pytest.approx(0.9)]
     assert group["num_turns"].tolist() == [2.0] and group["num_turns"].dtype.is_floating_point
@@ -181,7 +184,8 @@ def test_all_wrong_stops_at_max_turns(tok):
 
 def test_negative_reward_is_not_discounted(tok):
     def minus_one(prompts, completions, answers):
-        return [-1.0] * len(completions), 0
+        n = len(completions)
+        return Scores([-1.0] * n, [0] * n, [0] * n)
 
     wf = MultiTurnWorkflow(engine=ScriptedEngine(tok, [WRONG, WRONG]), tokenizer=tok, reward=minus_one,
                            max_turns=2, turn_discount=0.5)

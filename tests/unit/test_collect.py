@@ -9,12 +9,14 @@ from areal_trainer.errors import UserError
 from areal_trainer.rollout.filters import has_reward_variance
 from areal_trainer.train.collect import collect_groups
 
+from ..groups import make_group
+
 
 class FakeWorkflow:
     """Prompt i gets rewards [1, 0] when i is even (mixed) and [1, 1] when odd (uniform)."""
 
     def rollout(self, samples, gconfig):
-        return [{"rewards": torch.tensor([1.0, float(s % 2)]), "id": torch.tensor([s])} for s in samples]
+        return [make_group([1.0, float(s % 2)]) for s in samples]
 
 
 def _loader():
@@ -27,23 +29,41 @@ def test_has_reward_variance():
 
 
 def test_fixed_batch_size_keeps_sampling_until_full():
-    groups, m = collect_groups(_loader(), FakeWorkflow(), None, batch_size=4, accept=has_reward_variance,
-                               dynamic_bs=False, max_rounds=8)
-    assert [int(g["id"]) for g in groups] == [0, 2, 4, 6]
+    batch = collect_groups(_loader(), FakeWorkflow(), None, batch_size=4, accept=has_reward_variance,
+                           dynamic_bs=False, max_rounds=8)
+    m = batch.metrics
+    assert batch.prompt_ids == [0, 2, 4, 6]
     # rounds ask for 4, then the 2 still missing, then 1: prompts 0..6, none skipped
     assert m["rollout/sampled_groups"] == 7 and m["rollout/accept_rate"] == 4 / 7
 
 
 def test_dynamic_bs_trains_on_one_round():
-    groups, m = collect_groups(_loader(), FakeWorkflow(), None, batch_size=4, accept=has_reward_variance,
-                               dynamic_bs=True, max_rounds=8)
-    assert [int(g["id"]) for g in groups] == [0, 2] and m["rollout/sampled_groups"] == 4
+    batch = collect_groups(_loader(), FakeWorkflow(), None, batch_size=4, accept=has_reward_variance,
+                           dynamic_bs=True, max_rounds=8)
+    assert batch.prompt_ids == [0, 2] and batch.metrics["rollout/sampled_groups"] == 4
 
 
 def test_dynamic_bs_with_nothing_accepted_returns_empty():
-    groups, m = collect_groups(_loader(), FakeWorkflow(), None, batch_size=4, accept=lambda g: False,
-                               dynamic_bs=True, max_rounds=2)
-    assert groups == [] and m["rollout/sampled_groups"] == 8 and m["reward/sampled"] == 0.75
+    batch = collect_groups(_loader(), FakeWorkflow(), None, batch_size=4, accept=lambda g: False,
+                           dynamic_bs=True, max_rounds=2)
+    m = batch.metrics
+    assert batch.groups == [] and m["rollout/sampled_groups"] == 8 and m["reward/sampled"] == 0.75
+
+
+def test_a_workflow_returning_malformed_groups_is_named():
+    class Broken:
+        def rollout(self, samples, gconfig):
+            return [{"rewards": torch.ones(2)} for _ in samples]
+
+    with pytest.raises(UserError, match=r"rollout.workflow .*Broken: a trajectory group lacks input_ids"):
+        collect_groups(_loader(), Broken(), None, batch_size=4, accept=None, dynamic_bs=False, max_rounds=1)
+
+    class Short:
+        def rollout(self, samples, gconfig):
+            return [make_group([1.0, 0.0])]
+
+    with pytest.raises(UserError, match=r"returned 1 groups for 4 prompts"):
+        collect_groups(_loader(), Short(), None, batch_size=4, accept=None, dynamic_bs=False, max_rounds=1)
 
 
 def test_unsatisfiable_filter_fails_clearly():

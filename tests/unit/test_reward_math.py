@@ -134,8 +134,10 @@ def test_timeout_kwarg_passes_through_the_reward_runner(monkeypatch):
     fn = resolve("areal_trainer.reward.math.gsm8k_reward_fn", "reward.fn", {"timeout": 0.5}, n_positional=3)
     runner = RewardRunner(fn, name="gsm8k", kwargs={"timeout": 0.5}, error_value=0.0, max_error_fraction=0.5)
     before = verify.timeouts()
-    rewards, errors = runner(["q", "q"], ["\\boxed{\\sqrt{4}}", "#### 2"], ["#### 2", "#### 2"])
-    assert rewards == [0.0, 1.0] and errors == 0
+    scores = runner(["q", "q"], ["\\boxed{\\sqrt{4}}", "#### 2"], ["#### 2", "#### 2"])
+    assert scores.rewards == [0.0, 1.0] and scores.errors == [0, 0]
+    assert scores.timeouts == [1, 0]  # counted on the sample that timed out
+    assert scores.stats() == {"reward_errors": 0.0, "verify_timeouts": 1.0}
     assert verify.timeouts() == before + 1
 
 

@@ -15,8 +15,10 @@ def flaky(prompt, completion, answer, **kwargs):
 
 def test_failures_get_the_error_value_and_are_counted():
     run = RewardRunner(flaky, name="tests.flaky", kwargs={}, error_value=-1.0, max_error_fraction=0.5)
-    rewards, errors = run(["p"] * 4, ["ok", "boom", "ok", "ok"], ["a"] * 4)
-    assert rewards == [1.0, -1.0, 1.0, 1.0] and errors == 1
+    scores = run(["p"] * 4, ["ok", "boom", "ok", "ok"], ["a"] * 4)
+    assert scores.rewards == [1.0, -1.0, 1.0, 1.0] and scores.errors == [0, 1, 0, 0]
+    assert scores.stats(0, 2) == {"reward_errors": 1.0, "verify_timeouts": 0.0}
+    assert scores.stats(2) == {"reward_errors": 0.0, "verify_timeouts": 0.0}
 
 
 def test_too_many_failures_stop_with_a_clear_message():

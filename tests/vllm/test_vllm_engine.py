@@ -109,7 +109,8 @@ def test_logprobs_match_transformers_before_and_after_weight_syncs(setup):
         perturb(model.parameters(), 0.05, seed=k)
         stale = engine.generate(batch, g)
         assert max_logprob_diff(model, batch, stale, 0.7) > 1e-2  # the engine still has the old weights
-        engine.update_weights(model)
+        engine.update_weights(model, k + 1)
+        assert engine.version == k + 1
         for temperature in (0.7, 1.0):
             gt = GenerationHyperparameters(max_new_tokens=12, temperature=temperature)
             assert max_logprob_diff(model, batch, engine.generate(batch, gt), temperature) <= 1e-4
@@ -132,7 +133,7 @@ def test_long_prompts_share_cached_blocks_and_follow_weight_syncs(setup):
     assert engine.cached_prompt_tokens >= 3 * full_blocks  # 3 of the 4 samples reuse the first one's blocks
     for k in range(2):
         perturb(model.parameters(), 0.05, seed=40 + k)
-        engine.update_weights(model)
+        engine.update_weights(model, engine.version + 1)
         assert max_logprob_diff(model, batch, engine.generate(batch, g), 1.0) <= 1e-4
 
 
@@ -141,7 +142,7 @@ def test_tied_output_layer_is_synced(setup):
     model, _, engine, prompts = setup
     perturb([model.get_input_embeddings().weight], 0.3, seed=10)
     assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
-    engine.update_weights(model)
+    engine.update_weights(model, engine.version + 1)
     g = GenerationHyperparameters(max_new_tokens=12, temperature=1.0)
     assert max_logprob_diff(model, prompts, engine.generate(prompts, g), 1.0) <= 1e-4
 
@@ -160,7 +161,7 @@ def _agree_up_to_ties(model, prompt, a: list[int], b: list[int]) -> bool:
 def test_greedy_matches_transformers_with_stops_and_min_tokens(setup):
     model, tok, engine, prompts = setup
     perturb(model.parameters(), 0.05, seed=20)
-    engine.update_weights(model)
+    engine.update_weights(model, engine.version + 1)
     hf = HFEngine(model, tok, device=CPU)
     plain = GenerationHyperparameters(max_new_tokens=16, greedy=True)
     ref = hf.generate(prompts, plain)
@@ -210,7 +211,7 @@ def test_multiprocess_engine_syncs_weights_as_bytes(vllm_mod, monkeypatch):
         g = GenerationHyperparameters(max_new_tokens=8, temperature=0.7)
         perturb(model.parameters(), 0.05, seed=30)
         perturb([model.get_input_embeddings().weight], 0.3, seed=31)
-        engine.update_weights(model)
+        engine.update_weights(model, 1)
         assert max_logprob_diff(model, prompts, engine.generate(prompts, g), 0.7) <= 1e-4
     finally:
         engine.close()

@@ -1,0 +1,161 @@
+"""The contracts at the rollout/trainer boundary: what an inference engine and a workflow offer,
+and the one type that crosses it, :class:`TrajectoryGroup`.
+
+Policy versions. The trainer owns the policy version: the number of optimizer updates the
+weights have seen (the step count). It hands weights to an engine together with their version
+(``engine.update_weights(model, version)``); every token an engine samples carries the version of
+the weights that sampled it (``Generation.versions``). A sequence whose generation spans a weight
+update (a partial rollout, continued under the new weights) therefore carries two versions, and
+rows are built from these per-token versions, never from a version read at build time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Protocol, runtime_checkable
+
+import torch
+
+
+@dataclass
+class Generation:
+    """One sampled answer.
+
+    Attributes:
+        output_ids: the tokens, ending with the stop token unless truncated.
+        logprobs: behaviour log-probability of each token under the weights that sampled it.
+        truncated: true when the answer hit ``max_new_tokens`` without a stop token.
+        versions: the policy version of the weights that sampled each token.
+    """
+
+    output_ids: list[int]
+    logprobs: list[float]
+    truncated: bool
+    versions: list[int]
+
+
+@runtime_checkable
+class InferenceEngine(Protocol):
+    """A rollout backend (``rollout/engine.py``: ``hf``; ``rollout/vllm_engine.py``: ``vllm``).
+
+    ``generate`` may be called from a rollout thread while the trainer calls ``update_weights``
+    from its own: an engine either makes them exclusive (``hf``: an update interrupts the running
+    generation at a token boundary, loads the weights, and the generation continues under them)
+    or is used by one thread only.
+    """
+
+    @property
+    def version(self) -> int:
+        """The version of the weights the engine samples with now."""
+
+    def generate(self, prompts: list[list[int]], gconfig) -> list[Generation]:
+        """One answer per prompt, in prompt order (repeat a prompt to sample it several times)."""
+
+    def update_weights(self, model: torch.nn.Module, version: int) -> None:
+        """Sample from ``model``'s current weights, which are policy version ``version``, from now on."""
+
+
+class Segment(NamedTuple):
+    """A contiguous piece of a trajectory row.
+
+    A trainable segment is model output: ``logprobs`` and ``versions`` give each token's behaviour
+    log-probability and policy version, ``turn_id`` its assistant turn (0, 1, ...). The others
+    (prompt, user or tool tokens) have ``logprobs = versions = None`` and ``turn_id = -1``.
+    """
+
+    tokens: list[int]
+    trainable: bool = False
+    logprobs: list[float] | None = None
+    versions: list[int] | None = None
+    turn_id: int = -1
+
+
+def answer_segment(gen: Generation, turn_id: int = 0) -> Segment:
+    """The trainable segment of a sampled answer."""
+    return Segment(list(gen.output_ids), True, list(gen.logprobs), list(gen.versions), turn_id)
+
+
+ROW_KEYS = ("input_ids", "attention_mask", "loss_mask", "logprobs", "turn_ids", "versions")
+"""The token-aligned ``[G, L]`` tensors of every group (right-padded)."""
+ROW_VALUE_KEYS = ("rewards", "is_truncated")
+"""The per-row ``[G]`` tensors of every group."""
+
+
+@dataclass
+class TrajectoryGroup:
+    """The sampled trajectories of one prompt: the unit a workflow returns and the trainer trains on.
+
+    ``tensors`` holds, for the ``G`` rows (one per answer or episode):
+
+    * token-aligned, right-padded ``[G, L]`` (``rollout/batch.py``): ``input_ids``, ``attention_mask``,
+      ``loss_mask`` (1 on model output), ``logprobs`` (behaviour, 0 elsewhere), ``turn_ids`` (int32,
+      -1 off model output), ``versions`` (int32 policy version per token, -1 off model output);
+      optionally ``token_rewards`` (float, process rewards);
+    * per row ``[G]``: ``rewards`` (float), ``is_truncated`` (bool), optionally ``num_turns``.
+
+    ``stats`` are this group's counts for the step's metrics (``reward_errors``: samples whose reward
+    function raised; ``verify_timeouts``: answer checks that ran out of time), summed over the
+    groups of a step. ``prompt_id`` is the prompt's dataset row, set by the trainer's rollout source.
+
+    Read access by key (``group["rewards"]``) goes to ``tensors``, so a dynamic filter sees the
+    group like a dict.
+    """
+
+    tensors: dict[str, torch.Tensor]
+    stats: dict[str, float] = field(default_factory=dict)
+    prompt_id: int | None = None
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        return self.tensors[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.tensors
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.tensors.get(key, default)
+
+    def keys(self):
+        return self.tensors.keys()
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.tensors["input_ids"].shape[0])
+
+    @property
+    def min_version(self) -> int:
+        """The oldest policy version of any sampled token (-1 when nothing was sampled)."""
+        v = self.tensors["versions"]
+        v = v[v >= 0]
+        return int(v.min()) if v.numel() else -1
+
+    def problems(self, label: str) -> list[str]:
+        """What is wrong with this group as a workflow output (empty when it is well formed)."""
+        t = self.tensors
+        missing = [k for k in (*ROW_KEYS, *ROW_VALUE_KEYS) if k not in t]
+        if missing:
+            return [f"{label}: a trajectory group lacks {', '.join(missing)}."]
+        shape = tuple(t["input_ids"].shape)
+        if len(shape) != 2:
+            return [f"{label}: input_ids must be [G, L]; got {shape}."]
+        p = [f"{label}: {k} has shape {tuple(t[k].shape)}; expected {shape} like input_ids."
+             for k in (*ROW_KEYS, "token_rewards") if k in t and tuple(t[k].shape) != shape]
+        p += [f"{label}: {k} has shape {tuple(t[k].shape)}; expected ({shape[0]},), one value per row."
+              for k in (*ROW_VALUE_KEYS, "num_turns") if k in t and tuple(t[k].shape) != (shape[0],)]
+        return p
+
+
+def as_group(obj: TrajectoryGroup | Mapping[str, torch.Tensor]) -> TrajectoryGroup:
+    """A workflow output as a :class:`TrajectoryGroup` (a plain dict of tensors is wrapped)."""
+    if isinstance(obj, TrajectoryGroup):
+        return obj
+    return TrajectoryGroup(dict(obj))
+
+
+@runtime_checkable
+class Workflow(Protocol):
+    """Turns prompts into trajectory groups. Built once as ``cls(engine=..., tokenizer=...,
+    reward=..., **rollout.workflow_kwargs)``; ``reward`` is a :class:`~areal_trainer.reward.runner.RewardRunner`."""
+
+    def rollout(self, samples: list[dict], gconfig) -> list[TrajectoryGroup]:
+        """One group per sample, in order; a sample is ``{"messages": [...], "answer": str, ...}``."""

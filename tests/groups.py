@@ -1,0 +1,22 @@
+"""Small well-formed trajectory groups for tests that do not need a model."""
+
+from __future__ import annotations
+
+import torch
+
+from areal_trainer.rollout.batch import make_row, stack_rows
+from areal_trainer.rollout.types import Segment, TrajectoryGroup
+
+
+def make_group(rewards, *, versions=None, prompt=(5, 6), answer_len: int = 2) -> TrajectoryGroup:
+    """One group with a row per reward: the prompt tokens, then ``answer_len`` sampled tokens whose
+    policy versions are ``versions[row]`` (an int or a list per token; default 0)."""
+    rows = []
+    for j, _ in enumerate(rewards):
+        v = 0 if versions is None else versions[j]
+        v = [v] * answer_len if isinstance(v, int) else list(v)
+        rows.append(make_row([Segment(list(prompt)), Segment([7] * len(v), True, [-0.5] * len(v), v, 0)]))
+    tensors = stack_rows(rows)
+    tensors["rewards"] = torch.tensor([float(r) for r in rewards])
+    tensors["is_truncated"] = torch.zeros(len(rewards), dtype=torch.bool)
+    return TrajectoryGroup(tensors)
