@@ -28,14 +28,23 @@ def _task(cfg) -> float | None:
 
     from .errors import UserError
     from .plugins import PluginError
-    from .train.run import run
+    from .train.checkpoint import latest_checkpoint
+    from .train.run import Terminated, run
 
     hf_logging.disable_progress_bar()  # per-file bars while saving checkpoints would drown the step bar
+    run_dir = HydraConfig.get().runtime.output_dir
     try:
-        summary = run(tcfg, run_dir=HydraConfig.get().runtime.output_dir)
+        summary = run(tcfg, run_dir=run_dir)
     except (UserError, PluginError, ConfigError) as e:
         print(f"Error: {e}", file=sys.stderr)
         sys.exit(1)
+    except (KeyboardInterrupt, Terminated) as e:
+        how, code = ("SIGTERM", e.code) if isinstance(e, Terminated) else ("Ctrl-C", 130)
+        found = latest_checkpoint(run_dir)
+        where = f"the newest complete checkpoint is {found} (resume with recover.mode=auto)" if found else \
+            "no checkpoint was written yet"
+        print(f"Stopped by {how}; {where}.", file=sys.stderr)
+        sys.exit(code)
     return summary.get("accuracy_after")
 
 

@@ -88,10 +88,6 @@ def _rollout_problems(cfg: TrainerConfig) -> list[str]:
     if eta > 0 and r.backend == "vllm" and r.offpolicy_mode == "lagged" and r.lagged_switch_prob > 0:
         p.append("rollout.lagged_switch_prob > 0 needs rollout.backend=hf: the vllm backend cannot switch weights "
                  "inside a generation call. Use rollout.backend=hf or rollout.lagged_switch_prob=0.")
-    if eta > 0 and r.backend == "vllm" and r.offpolicy_mode == "concurrent" and r.partial_rollout:
-        p.append("rollout.partial_rollout=true (continue generations under new weights) is not supported by "
-                 "rollout.backend=vllm yet: with vllm a weight update waits for the generation in flight. Set "
-                 "rollout.partial_rollout=false, or use rollout.backend=hf.")
     return p
 
 

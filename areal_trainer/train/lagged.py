@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import torch
 
-from ..rollout.engine import snapshot
+from ..rollout.weights import snapshot
 from .collect import Batch, collect_groups
 
 LAG_SEED = 7919

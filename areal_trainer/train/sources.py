@@ -25,8 +25,9 @@ import torch
 from ..config.schema import TrainerConfig
 from ..plugins import import_object
 from ..rollout.backends import make_engine
-from ..rollout.engine import HFEngine, rollout_copy
+from ..rollout.engine import HFEngine
 from ..rollout.staleness import StalenessManager
+from ..rollout.weights import rollout_copy
 from .async_rollout import AsyncSource
 from .collect import Batch, collect_groups
 from .lagged import LaggedSource
@@ -94,7 +95,8 @@ def build_rollout(cfg: TrainerConfig, *, model, tokenizer, reward, loader, devic
         eval_workflow = train_workflow = workflow(engine)
     else:
         if r.backend == "vllm":
-            engine = make_engine(cfg, model, tokenizer, device=device, autocast_dtype=autocast_dtype)
+            engine = make_engine(cfg, model, tokenizer, device=device, autocast_dtype=autocast_dtype,
+                                 interruptible=mode == "concurrent" and r.partial_rollout)
         else:
             engine = HFEngine(rollout_copy(model, dtype), tokenizer, device=device,
                               autocast_dtype=None if dtype is not None else autocast_dtype,

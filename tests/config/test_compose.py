@@ -141,3 +141,32 @@ def test_builtin_task_tuning_follows_the_chosen_algorithm():
     assert load_config("ppo", ["critic.optimizer.lr=5e-4"]).critic.optimizer.lr == 5e-4
     assert load_config("ppo", ["~algo_tuning"]).critic.optimizer.lr == load_config("ppo").actor.optimizer.lr
     assert load_config("grpo").critic is None
+
+
+def test_async_rollout_settings_and_their_defaults():
+    cfg = load_config("grpo", ["rollout.max_head_offpolicyness=2"])
+    r = cfg.rollout
+    assert (r.max_head_offpolicyness, r.offpolicy_mode, r.partial_rollout, r.dtype) == (2, "concurrent", True, None)
+    assert r.consumer_batch_size is None and r.max_concurrent_rollouts is None and r.queue_size is None
+    assert load_config("grpo").rollout.max_head_offpolicyness == 0  # synchronous by default
+
+
+def test_bad_async_settings_are_reported_together_naming_each_key():
+    with pytest.raises(ConfigError) as info:
+        load_config("grpo", ["rollout.max_head_offpolicyness=-1", "rollout.max_concurrent_rollouts=0",
+                             "rollout.queue_size=4", "rollout.consumer_batch_size=8", "rollout.offpolicy_mode=ahead",
+                             "rollout.dtype=int8", "rollout.lagged_switch_prob=2", "rollout.request_timeout=0"])
+    msg = str(info.value)
+    for needle in ("rollout.max_head_offpolicyness: got -1; must be >= 0",
+                   "rollout.max_concurrent_rollouts: got 0; must be >= 1",
+                   "rollout.queue_size=4 is smaller than one batch (train_dataset.batch_size=16",
+                   "rollout.consumer_batch_size=8 differs from train_dataset.batch_size=16",
+                   "rollout.offpolicy_mode", "rollout.dtype", "rollout.lagged_switch_prob: got 2.0",
+                   "rollout.request_timeout: got 0.0"):
+        assert needle in msg, needle
+
+
+def test_options_the_vllm_backend_cannot_honour_are_configuration_errors():
+    with pytest.raises(ConfigError, match="lagged_switch_prob > 0 needs rollout.backend=hf"):
+        load_config("grpo", ["rollout.backend=vllm", "rollout.max_head_offpolicyness=2",
+                             "rollout.offpolicy_mode=lagged", "rollout.lagged_switch_prob=0.5"])

@@ -48,3 +48,15 @@ def test_two_process_cli_run(tmp_path):
     steps = [r for r in records if "reward/task" in r]
     assert [r["step"] for r in steps] == [1, 2]
     assert all(r["rollout/rows"] == 8 for r in steps)  # 4 prompts x 2 samples, split over 2 processes
+
+
+def test_two_process_asynchronous_run(tmp_path):
+    """One rollout thread per process, admission per process: both keep the staleness bound and
+    together train every prompt of an epoch once."""
+    _run([*LAUNCH, "-m", "areal_trainer", "--config-name", "grpo", "+scale=tiny", "rollout.max_head_offpolicyness=1",
+          "train_dataset.batch_size=4", "train_dataset.max_rows=16", "total_train_steps=4", "trial_name=adp"], tmp_path)
+    with open(tmp_path / "outputs" / "grpo" / "adp" / "metrics.jsonl") as f:
+        steps = [r for r in map(json.loads, f) if "reward/task" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4]
+    assert all(r["rollout/rows"] == 8 and r["actor/staleness/max"] <= 1 for r in steps)
+    assert sorted(i for r in steps for i in r["data/prompt_ids"]) == list(range(16))

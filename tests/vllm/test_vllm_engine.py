@@ -10,6 +10,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -217,6 +219,51 @@ def test_multiprocess_engine_syncs_weights_as_bytes(vllm_mod, monkeypatch):
         engine.close()
 
 
+def test_update_from_another_thread_interrupts_and_continues_under_the_new_weights(setup):
+    """Partial rollouts: an update lands between two engine steps, the requests in flight are aborted
+    and resubmitted with their tokens so far; each token's logprob is that of the weights that
+    sampled it and it carries their version."""
+    model, tok, engine, prompts = setup
+    old = build_model("builtin:tiny", tok, 0).eval()
+    old.load_state_dict(model.state_dict())
+    engine.update_weights(old, 10)
+    new = build_model("builtin:tiny", tok, 7).eval()
+    steps, started = [0], threading.Event()
+    inner = engine.llm.llm_engine.step
+
+    def slow_step():
+        steps[0] += 1
+        if steps[0] >= 4:
+            started.set()
+            time.sleep(0.05)
+        return inner()
+
+    engine.gate.interruptible, engine.llm.llm_engine.step = True, slow_step
+    out = {}
+    g = GenerationHyperparameters(max_new_tokens=24, temperature=1.0)
+    try:
+        th = threading.Thread(target=lambda: out.setdefault("gens", engine.generate(prompts, g)), daemon=True)
+        th.start()
+        assert started.wait(60)
+        engine.update_weights(new, 11)
+        th.join(120)
+    finally:
+        engine.gate.interruptible = False
+        del engine.llm.llm_engine.step
+    gens = out["gens"]
+    assert engine.interruptions >= 1 and engine.version == 11
+    spanning = [x for x in gens if set(x.versions) == {10, 11}]
+    assert spanning, "some answer outlived the update"
+    for prompt, x in zip(prompts, gens):
+        assert x.versions == sorted(x.versions) and len(x.output_ids) <= 24
+        for version, weights in ((10, old), (11, new)):
+            mine = [k for k, v in enumerate(x.versions) if v == version]
+            if mine:
+                ref = reference_logprobs(weights, [prompt], [x], 1.0)[0]
+                assert max(abs(float(ref[k]) - x.logprobs[k]) for k in mine) <= 1e-4
+    engine.update_weights(model, 12)
+
+
 # -- the command line: GRPO learns with either backend --------------------------------------------
 def _train(backend: str, tmp_path) -> dict:
     """One GRPO run on the built-in task (default warm start, 20 RL steps); returns held-out accuracy."""
@@ -244,3 +291,16 @@ def test_grpo_learns_with_vllm_like_with_hf(vllm_mod, tmp_path):
     gain_hf, gain_vllm = hf["after"] - hf["before"], vl["after"] - vl["before"]
     assert gain_hf >= 0.05 and gain_vllm >= 0.05, (gain_hf, gain_vllm)
     assert abs(gain_vllm - gain_hf) <= 0.12, (gain_hf, gain_vllm)
+
+
+def test_asynchronous_run_with_vllm_keeps_the_staleness_bound(vllm_mod, tmp_path):
+    args = ["--config-name", "grpo", "+scale=tiny", "total_train_steps=5", "rollout.backend=vllm",
+            "rollout.max_head_offpolicyness=1", "trial_name=async"]
+    proc = subprocess.run([sys.executable, "-m", "areal_trainer", *args], cwd=tmp_path, env=cli_env(),
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    with open(os.path.join(tmp_path, "outputs", "grpo", "async", "metrics.jsonl")) as f:
+        steps = [r for r in map(json.loads, f) if "reward/task" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4, 5]
+    assert all(r["actor/staleness/max"] <= 1 for r in steps)
+    assert max(r["actor/staleness/max"] for r in steps) == 1

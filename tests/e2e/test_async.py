@@ -1,0 +1,98 @@
+"""Asynchronous training through the real command line: staleness logged and bounded, no prompt
+lost or trained twice across a SIGKILL and resume (eta = 2), SIGTERM stops both sides cleanly, and a
+step with nothing to train on still advances the policy version and the LR schedule."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import torch
+
+from .helpers import cli, popen
+
+ASYNC = ["+scale=tiny", "rollout.max_head_offpolicyness=2"]
+
+
+def _records(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return {r["step"]: r for r in map(json.loads, f) if "reward/task" in r}
+
+
+def _wait_for(path, proc, timeout=240):
+    deadline = time.time() + timeout
+    while not path.exists():
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.time() < deadline, f"{path} did not appear"
+        time.sleep(0.01)
+
+
+def test_async_run_logs_staleness_within_eta(tmp_path):
+    cli(["--config-name", "grpo", *ASYNC, "total_train_steps=6", "trial_name=a"], cwd=tmp_path)
+    records = _records(tmp_path / "outputs" / "grpo" / "a")
+    assert sorted(records) == list(range(1, 7))
+    for r in records.values():
+        assert r["actor/staleness/max"] <= 2
+        assert abs(sum(r[f"staleness/frac_{d}"] for d in range(3)) - 1) < 1e-6
+        for k in ("rollout/overlap_frac", "rollout/trainer_idle_frac", "rollout/generator_idle_frac",
+                  "time/rollout_wait", "rollout/buffered_groups", "mismatch/abs_logp_diff"):
+            assert k in r, k
+    assert max(r["actor/staleness/max"] for r in records.values()) >= 1  # it really ran ahead
+
+
+def test_sigkill_with_eta_2_loses_no_prompt_and_trains_none_twice(tmp_path):
+    # One epoch: 16 prompts, 2 per step, 8 steps; the rollout thread runs up to 2 versions ahead.
+    args = ["--config-name", "grpo", *ASYNC, "train_dataset.max_rows=16", "total_train_steps=8", "saver.freq_steps=2",
+            "evaluator.freq_steps=8", "trial_name=k"]
+    run = tmp_path / "outputs" / "grpo" / "k"
+    proc = popen(args, cwd=tmp_path)
+    _wait_for(run / "checkpoints" / "step_4" / "COMPLETE", proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done = sorted(int(d.split("_")[1]) for d in os.listdir(run / "checkpoints") if d.startswith("step_"))
+    assert done[-1] < 8, "the run finished before it could be killed"
+    state = torch.load(run / "checkpoints" / f"step_{done[-1]}" / "trainer_state.pt", weights_only=False)
+    assert state["source"]["loader"]["requeue"], "prompts were in flight at the checkpoint"
+    out = cli([*args, "recover.mode=auto"], cwd=tmp_path)
+    records = _records(run)
+    assert sorted(records) == list(range(1, 9))
+    trained = sorted(i for r in records.values() for i in r["data/prompt_ids"])
+    assert trained == list(range(16))  # every prompt of the epoch exactly once
+    assert all(r["actor/staleness/max"] <= 2 for r in records.values())
+    assert "held-out accuracy" in out.stdout
+
+
+def test_sigterm_stops_both_sides_and_keeps_the_newest_checkpoint(tmp_path):
+    args = ["--config-name", "grpo", *ASYNC, "total_train_steps=500", "saver.freq_steps=2", "evaluator.freq_steps=500",
+            "trial_name=t"]
+    run = tmp_path / "outputs" / "grpo" / "t"
+    proc = popen(args, cwd=tmp_path)
+    _wait_for(run / "checkpoints" / "step_2" / "COMPLETE", proc)
+    proc.send_signal(signal.SIGTERM)
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError("the run did not stop within 60 s of SIGTERM") from None
+    assert proc.returncode == 143, err[-3000:]
+    assert "Stopped by SIGTERM; the newest complete checkpoint is" in err and "Traceback" not in err
+    done = sorted(int(d.split("_")[1]) for d in os.listdir(run / "checkpoints") if d.startswith("step_"))
+    assert done and all((run / "checkpoints" / f"step_{s}" / "COMPLETE").exists() for s in done)
+    cli(["--config-name", "grpo", *ASYNC, f"total_train_steps={done[-1] + 1}", "saver.freq_steps=2",
+         "evaluator.freq_steps=500", "trial_name=t", "recover.mode=auto"], cwd=tmp_path)
+    assert max(_records(run)) == done[-1] + 1
+
+
+def test_a_step_with_nothing_to_train_on_advances_version_and_schedule(tmp_path):
+    cli(["--config-name", "grpo", "+scale=tiny", "total_train_steps=3", "dynamic_bs=true",
+         "rollout.dynamic_filter=tests.e2e.plugins.reject_all", "actor.optimizer.lr_scheduler_type=linear",
+         "trial_name=e"], cwd=tmp_path)
+    run = tmp_path / "outputs" / "grpo" / "e"
+    records = _records(run)
+    assert all(r["update/skipped_empty_batch"] == 1 for r in records.values())
+    lrs = [records[s]["lr"] for s in (1, 2, 3)]
+    assert lrs[0] > lrs[1] > lrs[2]  # the schedule moved on every step
+    state = torch.load(run / "checkpoints" / "step_3" / "trainer_state.pt", weights_only=False)
+    assert state["version"] == state["step"] == 3
+    assert state["scheduler"]["last_epoch"] == 3
