@@ -1,6 +1,8 @@
 """GPU throughput check: a few GRPO steps of a Qwen2.5-shaped model with random weights (no download)
-through the real trainer, with the HF rollout backend; writes tokens/s, step time, peak memory and
-the model-FLOPs utilisation (MFU) of the update to a JSON file and prints it.
+through the real trainer, with the HF rollout backend, synchronously and asynchronously
+(``rollout.max_head_offpolicyness`` = each of ``--etas``); writes tokens/s, step time, peak memory and
+the model-FLOPs utilisation (MFU) of the update per setting, and the asynchronous/synchronous
+steps-per-second ratio, to a JSON file and prints it.
 
     python scripts/gpu_check.py --shape qwen2.5-1.5b --steps 4 --out gpu_check.json
     python scripts/gpu_check.py --shape tiny --steps 2 --out /tmp/check.json     # CPU smoke of this script
@@ -66,6 +68,45 @@ def peak_flops() -> float | None:
     return next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None)
 
 
+def run_setting(args, eta: int, model_dir: str, n_params: int, tmp: str) -> dict:
+    """One run of the trainer with ``rollout.max_head_offpolicyness=eta``; its steady-state numbers."""
+    from areal_trainer.config import load_config
+    from areal_trainer.tracking.logger import read_metrics
+    from areal_trainer.train.run import run
+
+    cfg = load_config("grpo", [
+        f"actor.path={model_dir}", f"total_train_steps={args.steps}", f"train_dataset.batch_size={args.prompts}",
+        f"gconfig.n_samples={args.samples}", f"gconfig.max_new_tokens={args.max_new_tokens}",
+        "gconfig.min_new_tokens=" + str(args.max_new_tokens // 2),  # random weights: keep answers long
+        "sft_warmup.steps=0", "valid_dataset=null", "evaluator.eval_before_train=false", "evaluator.freq_steps=null",
+        "saver.freq_steps=null", "stats_logger.plot=false", "stats_logger.progress_bar=false",
+        "actor.gradient_checkpointing=true", "actor.optimizer.lr=1e-6", f"cluster.fileroot={tmp}",
+        f"rollout.max_head_offpolicyness={eta}",
+    ])
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    run_dir = os.path.join(tmp, f"run-eta{eta}")
+    run(cfg, run_dir=run_dir)
+    records = [r for r in read_metrics(os.path.join(run_dir, "metrics.jsonl")) if "time/step" in r]
+    steady = records[1:] or records  # the first step includes CUDA/kernels warm-up (asynchronous: the pipeline fills)
+    mean = lambda k: sum(r.get(k, 0.0) for r in steady) / len(steady)  # noqa: E731
+    trained_tokens = mean("actor/n_valid_tokens")
+    seq_tokens = mean("rollout/seq_len") * mean("rollout/rows")
+    flops = peak_flops()
+    return {
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "steps": len(records),
+        "step_time_s": mean("time/step"), "rollout_time_s": mean("time/rollout"), "logprob_time_s": mean("time/logprobs"),
+        "update_time_s": mean("time/update"), "tokens_per_s": mean("perf/tokens_per_s"),
+        "generated_tokens_per_s": trained_tokens / max(mean("time/rollout"), 1e-9),
+        "update_tokens_per_s": seq_tokens / mean("time/update"),
+        "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None,
+        "update_mfu": (6 * n_params * seq_tokens / mean("time/update") / flops) if flops else None,
+        "overlap_frac": mean("rollout/overlap_frac"), "trainer_idle_frac": mean("rollout/trainer_idle_frac"),
+        "max_staleness": max(r.get("actor/staleness/max", 0.0) for r in records),
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="qwen2.5-1.5b", choices=sorted(SHAPES))
@@ -73,46 +114,23 @@ def main() -> int:
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--samples", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--etas", default="0,2", help="max_head_offpolicyness settings to run; 0 is synchronous")
     ap.add_argument("--out", default="gpu_check.json")
     args = ap.parse_args()
     os.environ.setdefault("WANDB_MODE", "disabled")
-    from areal_trainer.config import load_config
-    from areal_trainer.tracking.logger import read_metrics
-    from areal_trainer.train.run import run
-
     t0 = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = os.path.join(tmp, "model")
         n_params = make_model_dir(args.shape, model_dir)
-        cfg = load_config("grpo", [
-            f"actor.path={model_dir}", f"total_train_steps={args.steps}", f"train_dataset.batch_size={args.prompts}",
-            f"gconfig.n_samples={args.samples}", f"gconfig.max_new_tokens={args.max_new_tokens}",
-            "gconfig.min_new_tokens=" + str(args.max_new_tokens // 2),  # random weights: keep answers long
-            "sft_warmup.steps=0", "valid_dataset=null", "evaluator.eval_before_train=false", "evaluator.freq_steps=null",
-            "saver.freq_steps=null", "stats_logger.plot=false", "stats_logger.progress_bar=false",
-            "actor.gradient_checkpointing=true", "actor.optimizer.lr=1e-6", f"cluster.fileroot={tmp}",
-        ])
-        if torch.cuda.is_available():
-            torch.cuda.reset_peak_memory_stats()
-        run(cfg, run_dir=os.path.join(tmp, "run"))
-        records = [r for r in read_metrics(os.path.join(tmp, "run", "metrics.jsonl")) if "time/step" in r]
-    steady = records[1:] or records  # the first step includes CUDA/kernels warm-up
-    mean = lambda k: sum(r[k] for r in steady) / len(steady)  # noqa: E731
-    trained_tokens = mean("actor/n_valid_tokens")
-    seq_tokens = mean("rollout/seq_len") * mean("rollout/rows")
-    flops = peak_flops()
-    result = {
-        "date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-        "shape": args.shape, "parameters": n_params, "steps": len(records), "prompts": args.prompts,
-        "samples": args.samples, "max_new_tokens": args.max_new_tokens,
-        "step_time_s": mean("time/step"), "rollout_time_s": mean("time/rollout"), "logprob_time_s": mean("time/logprobs"),
-        "update_time_s": mean("time/update"), "tokens_per_s": mean("perf/tokens_per_s"),
-        "generated_tokens_per_s": trained_tokens / mean("time/rollout"),
-        "update_tokens_per_s": seq_tokens / mean("time/update"),
-        "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None,
-        "update_mfu": (6 * n_params * seq_tokens / mean("time/update") / flops) if flops else None,
-        "wall_s": time.time() - t0,
-    }
+        runs = {eta: run_setting(args, eta, model_dir, n_params, tmp) for eta in map(int, args.etas.split(","))}
+    first = next(iter(runs.values()))
+    result = {"date": time.strftime("%Y-%m-%d"), "device": first["device"], "shape": args.shape, "parameters": n_params,
+              "prompts": args.prompts, "samples": args.samples, "max_new_tokens": args.max_new_tokens,
+              **{k: v for k, v in first.items() if k != "device"},  # the first setting (synchronous by default)
+              "settings": runs, "wall_s": time.time() - t0}
+    if 0 in runs:
+        result["steps_per_s_vs_sync"] = {eta: r["step_time_s"] and runs[0]["step_time_s"] / r["step_time_s"]
+                                         for eta, r in runs.items()}
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2)
     print(json.dumps(result, indent=2))

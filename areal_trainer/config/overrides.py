@@ -17,7 +17,7 @@ from hydra.core.override_parser.types import ChoiceSweep, OverrideType
 from .schema import TrainerConfig
 
 #: Hydra config groups of ``conf/`` (``algo=ppo`` selects a file, it is not a value key).
-CONFIG_GROUPS = ("algo", "algo_tuning", "scale")
+CONFIG_GROUPS = ("algo", "algo_tuning", "scale", "correction")
 _BOOL_WORDS = {"yes", "no", "on", "off", "y", "n", "true", "false"}
 
 

@@ -22,6 +22,7 @@ recorded one step at a time so no ``[tokens, vocab]`` tensor is ever kept.
 from __future__ import annotations
 
 import contextlib
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -91,6 +92,7 @@ class HFEngine:
         self.stoppable = stoppable or interruptible
         """Whether generation checks for updates, aborts and scheduled switches at every token."""
         self.gate = WeightGate(version, interruptible)
+        self._local = threading.local()
         self._switch: _Switch | None = None
         self.interruptions = 0
         """How many times a running generation was stopped and continued under new weights."""
@@ -107,6 +109,8 @@ class HFEngine:
         def load() -> None:
             if model is not self.model:
                 copy_weights(self.model, model)
+                if self.device.type == "cuda":  # the copy must land before the rollout's stream reads it
+                    torch.cuda.synchronize(self.device)
 
         self.gate.update(load, version)
 
@@ -118,6 +122,16 @@ class HFEngine:
         """Let the next ``generate`` call switch to ``model``'s weights after ``after_tokens`` new tokens,
         as a weight update landing mid-generation would (used for reproducible off-policy runs)."""
         self._switch = _Switch(int(after_tokens), model, int(version))
+
+    def _stream(self):
+        """On CUDA, a separate engine generates on a stream of its own (one per thread), so that its
+        kernels can run alongside the trainer's; the colocated one uses the current stream."""
+        if self.device.type != "cuda" or not self.stoppable:
+            return contextlib.nullcontext()
+        stream = getattr(self._local, "stream", None)
+        if stream is None:
+            stream = self._local.stream = torch.cuda.Stream(self.device)
+        return torch.cuda.stream(stream)
 
     # -- sampling ---------------------------------------------------------------------------------
     def stop_ids(self, gconfig: GenerationHyperparameters) -> list[int]:
@@ -196,9 +210,9 @@ class HFEngine:
         was_training = self.model.training
         self.model.eval()
         ctx = torch.autocast(self.device.type, self.autocast_dtype) if self.autocast_dtype else contextlib.nullcontext()
-        with ctx:
+        with ctx, self._stream():  # results are read back on the stream that made them
             seqs = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), **kwargs)
+            new = seqs[:, width:].cpu()
+            recorded = recorder.finish(seqs[:, -1]).cpu()
         self.model.train(was_training)
-        new = seqs[:, width:].cpu()
-        recorded = recorder.finish(seqs[:, -1]).cpu()
         return new.tolist(), recorded.tolist()

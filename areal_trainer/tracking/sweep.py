@@ -1,5 +1,8 @@
 """Compare the runs of a sweep: a table (held-out accuracy before/after RL, training reward, time
-per step, per algorithm and seed) and one PNG with every algorithm's reward curve.
+per step, per algorithm and seed), for off-policy runs a second one (staleness, clip fraction,
+train/inference mismatch, masked tokens), and one PNG with every algorithm's reward curve.
+Runs are labelled by ``algorithm``, with the staleness bound and the rollout precision when set
+(``grpo η=2 bfloat16``), so settings swept together stay apart.
 
 Written into the sweep directory as ``comparison.md`` and ``comparison.png`` at the end of every
 ``-m`` sweep (a Hydra callback, see ``conf/config.yaml``), or by
@@ -27,6 +30,32 @@ def _reward(record: dict) -> float:
     return record.get("reward/sampled", record["reward/task"])
 
 
+OFFPOLICY_KEYS = {"staleness": "actor/staleness", "max staleness": "actor/staleness/max",
+                  "clip frac": "actor/clip_frac", "|log pi_prox - log pi_behav|": "mismatch/abs_logp_diff",
+                  "masked frac": "actor/rejection/masked_frac", "behaviour KL (k3)": "mismatch/kl_k3"}
+"""Columns of the off-policy table: the mean over all steps of each metric (max for max staleness)."""
+
+
+def label(cfg: dict) -> str:
+    """``algorithm``, plus ``η=<eta>`` (and ``lagged``) and the rollout precision when they are set."""
+    out = str(cfg.get("algorithm", "?"))
+    rollout = cfg.get("rollout") or {}
+    eta = rollout.get("max_head_offpolicyness") or 0
+    if eta:
+        out += f" η={eta}" + (" lagged" if rollout.get("offpolicy_mode") == "lagged" else "")
+    if rollout.get("dtype"):
+        out += f" {rollout['dtype']}"
+    return out
+
+
+def _offpolicy(steps: list[dict]) -> dict[str, float | None]:
+    out = {}
+    for name, key in OFFPOLICY_KEYS.items():
+        vals = [r[key] for r in steps if key in r]
+        out[name] = (max(vals) if name == "max staleness" else sum(vals) / len(vals)) if vals else None
+    return out
+
+
 def _run_info(run_dir: str) -> dict | None:
     metrics = os.path.join(run_dir, "metrics.jsonl")
     cfg_path = os.path.join(run_dir, ".hydra", "config.yaml")
@@ -39,7 +68,9 @@ def _run_info(run_dir: str) -> dict | None:
     acc = [r["eval/accuracy"] for r in records if "eval/accuracy" in r]
     times = [r["time/step"] for r in steps if "time/step" in r]
     return {
-        "algorithm": cfg.get("algorithm", "?"), "seed": cfg.get("seed"), "dir": os.path.basename(run_dir),
+        "algorithm": label(cfg), "seed": cfg.get("seed"), "dir": os.path.basename(run_dir),
+        "offpolicy": _offpolicy(steps),
+        "eta": (cfg.get("rollout") or {}).get("max_head_offpolicyness") or 0,
         "steps": len(steps), "acc_before": acc[0] if acc else None, "acc_after": acc[-1] if len(acc) > 1 else None,
         "reward_last": sum(_reward(r) for r in steps[-TAIL:]) / max(1, len(steps[-TAIL:])) if steps else None,
         "sec_per_step": sum(times) / len(times) if times else None,
@@ -88,7 +119,25 @@ def table(runs: list[dict]) -> str:
             gain = sum(100 * (r["acc_after"] - r["acc_before"]) for r in done) / len(done)
             rew = sum(r["reward_last"] for r in done) / len(done)
             lines.append(f"| {algo} | {len(done)} | {100 * after:.1f}% | {gain:+.1f} | {rew:.3f} |")
+    if any(r["eta"] or r["offpolicy"]["|log pi_prox - log pi_behav|"] for r in runs):
+        lines += ["", offpolicy_table(runs)]
     return "\n".join(lines) + "\n"
+
+
+def offpolicy_table(runs: list[dict]) -> str:
+    """Markdown: per label (mean over seeds), each off-policy metric's mean over the steps."""
+    by_algo = defaultdict(list)
+    for r in runs:
+        by_algo[r["algorithm"]].append(r["offpolicy"])
+    names = list(OFFPOLICY_KEYS)
+    lines = ["| algorithm | " + " | ".join(names) + " |", "| --- |" + " --- |" * len(names)]
+    for algo, rows in by_algo.items():
+        cells = []
+        for n in names:
+            vals = [x[n] for x in rows if x[n] is not None]
+            cells.append(f"{sum(vals) / len(vals):.4g}" if vals else "-")
+        lines.append(f"| {algo} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def plot(runs: list[dict], path: str) -> str:

@@ -10,10 +10,12 @@ from .helpers import ROOT, cli_env
 def test_gpu_check_script_cpu_smoke(tmp_path):
     out = tmp_path / "check.json"
     proc = subprocess.run([sys.executable, "scripts/gpu_check.py", "--shape", "tiny", "--steps", "2", "--prompts", "2",
-                           "--samples", "2", "--max-new-tokens", "8", "--out", str(out)],
+                           "--samples", "2", "--max-new-tokens", "8", "--etas", "0,1", "--out", str(out)],
                           cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["steps"] == 2 and report["parameters"] > 0
     for key in ("step_time_s", "tokens_per_s", "update_tokens_per_s", "generated_tokens_per_s"):
         assert report[key] > 0
+    assert set(report["settings"]) == {"0", "1"} and report["settings"]["1"]["max_staleness"] <= 1
+    assert report["steps_per_s_vs_sync"]["1"] > 0

@@ -31,3 +31,20 @@ def test_jobs_in_hydra_order_and_sampled_reward_preferred(tmp_path):
     md, png = summarize(str(tmp_path))
     assert "| dapo | 1 | 20.0% | 50.0% | +30.0 | 0.300 | 1.000 |" in md
     assert os.path.getsize(png) > 1000
+
+
+def test_off_policy_runs_are_labelled_and_get_their_own_table(tmp_path):
+    for eta, stale in ((0, 0.0), (2, 1.5)):
+        d = os.path.join(tmp_path, f"{eta}-naive")
+        os.makedirs(os.path.join(d, ".hydra"))
+        with open(os.path.join(d, ".hydra", "config.yaml"), "w") as f:
+            f.write(f"algorithm: naive\nseed: 1\nrollout:\n  max_head_offpolicyness: {eta}\n  dtype: bfloat16\n")
+        with open(os.path.join(d, "metrics.jsonl"), "w") as f:
+            f.write(json.dumps({"step": 0, "eval/accuracy": 0.2}) + "\n")
+            for i in (1, 2):
+                f.write(json.dumps({"step": i, "reward/task": 0.5, "actor/staleness": stale, "actor/staleness/max": 2 * stale,
+                                    "actor/clip_frac": 0.1 * i, "mismatch/abs_logp_diff": 0.01}) + "\n")
+            f.write(json.dumps({"step": 2, "eval/accuracy": 0.4}) + "\n")
+    md, _ = summarize(str(tmp_path))
+    assert "| naive bfloat16 | 1 |" in md and "| naive η=2 bfloat16 | 1 |" in md
+    assert "| naive η=2 bfloat16 | 1.5 | 3 | 0.15 | 0.01 | - | - |" in md
