@@ -201,7 +201,7 @@ class AsyncSource:
         self.loader.load_state_dict(state["loader"])
         self.staleness.on_version_recovered(version)
 
-    def close(self, timeout: float = 30.0) -> None:
+    def close(self, timeout: float = 10.0) -> None:
         """Stop the rollout thread (the generation in flight is abandoned at the next token)."""
         with self._cv:
             self._stop = True

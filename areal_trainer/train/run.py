@@ -32,7 +32,6 @@ from ..data.loader import PromptLoader
 from ..dist import init_distributed
 from ..errors import UserError
 from ..loss import bind_policy_loss
-from ..model.builtin import is_builtin
 from ..model.load import autocast_dtype, load_causal_lm, load_tokenizer, resolve_device
 from ..plugins import import_object
 from ..reward.runner import RewardRunner
@@ -44,7 +43,7 @@ from . import policies
 from .evaluate import evaluate
 from .models import build_critic, build_ref
 from .optim import build_optimizer, build_scheduler
-from .sft import load_cached, sft_warmup, store_cached, warmstart_key
+from .sft import warm_start
 from .sources import build_rollout, rollout_mode
 from .step import (
     batched_logprobs,
@@ -55,9 +54,6 @@ from .step import (
     rollout_metrics,
     training_batch,
 )
-
-DEFAULT_SFT_STEPS = 300
-"""Warm-start steps for built-in (randomly initialised) models when ``sft_warmup.steps`` is null."""
 
 
 def seed_everything(seed: int) -> None:
@@ -206,28 +202,10 @@ class RLTrainer:
 
     # -- the loop ---------------------------------------------------------------------------------
     def warm_start(self, log: StatsLogger) -> None:
-        steps = self.cfg.sft_warmup.steps
-        if steps is None:
-            steps = DEFAULT_SFT_STEPS if is_builtin(self.cfg.actor.path) else 0
-        if steps <= 0:
-            return
-        sft = self.cfg.sft_warmup
-        key = None
-        if sft.cache and is_builtin(self.cfg.actor.path):
-            key = warmstart_key({"actor": self.cfg.actor.path, "seed": self.cfg.seed, "steps": steps, "sft": sft,
-                                 "data": self.cfg.train_dataset, "device": self.device.type, "dtype": self.cfg.actor.dtype})
-            cached = load_cached(self.model, key)
-            if cached is not None:
-                print(f"SFT warm start: reusing the identical earlier warm start {key} (sft_warmup.cache=false recomputes it)")
-                log.log(0, {**cached, "sft/cached": 1.0})
-                return
-        t0 = time.time()
-        losses = sft_warmup(self.model, self.tokenizer, self.train_samples, sft, steps=steps, seed=self.cfg.seed,
-                            device=self.device, autocast_dtype=self.autocast, progress=self.cfg.stats_logger.progress_bar)
-        metrics = {"sft/loss": losses[-1], "sft/steps": steps, "time/sft": time.time() - t0}
-        if key is not None:
-            store_cached(self.model, key, metrics)
-        log.log(0, metrics)
+        metrics = warm_start(self.model, self.tokenizer, self.train_samples, self.cfg, device=self.device,
+                             autocast_dtype=self.autocast)
+        if metrics:
+            log.log(0, metrics)
 
     def _push_weights(self) -> None:
         """Hand the current weights, with their version, to the rollout."""

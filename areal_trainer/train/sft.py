@@ -12,17 +12,22 @@ import json
 import os
 import shutil
 import sys
+import time
 
 import torch
 from tqdm.auto import tqdm
 
 from ..config.schema import SFTWarmupConfig
 from ..data.datasets import demonstration
+from ..model.builtin import is_builtin
 from ..rollout.batch import make_row, stack_rows
 from ..rollout.types import Segment
 from ..rollout.workflow import prompt_ids
 from .logprobs import forward_logprobs
 from .optim import lr_factor
+
+DEFAULT_SFT_STEPS = 300
+"""Warm-start steps for built-in (randomly initialised) models when ``sft_warmup.steps`` is null."""
 
 
 def sft_batch(samples: list[dict], tokenizer) -> dict[str, torch.Tensor]:
@@ -110,3 +115,27 @@ def store_cached(model, key: str, metrics: dict) -> None:
         os.rename(tmp, final)
     except OSError:  # another process stored the same warm start first
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def warm_start(model, tokenizer, samples: list[dict], cfg, *, device: torch.device, autocast_dtype=None) -> dict:
+    """The warm start ``cfg`` (a ``TrainerConfig``) asks for, in place on ``model``, reusing an identical
+    cached one for built-in models; returns its metrics for step 0 (empty when there is none)."""
+    sft = cfg.sft_warmup
+    steps = sft.steps if sft.steps is not None else (DEFAULT_SFT_STEPS if is_builtin(cfg.actor.path) else 0)
+    if steps <= 0:
+        return {}
+    key = None
+    if sft.cache and is_builtin(cfg.actor.path):
+        key = warmstart_key({"actor": cfg.actor.path, "seed": cfg.seed, "steps": steps, "sft": sft,
+                             "data": cfg.train_dataset, "device": device.type, "dtype": cfg.actor.dtype})
+        cached = load_cached(model, key)
+        if cached is not None:
+            print(f"SFT warm start: reusing the identical earlier warm start {key} (sft_warmup.cache=false recomputes it)")
+            return {**cached, "sft/cached": 1.0}
+    t0 = time.time()
+    losses = sft_warmup(model, tokenizer, samples, sft, steps=steps, seed=cfg.seed, device=device,
+                        autocast_dtype=autocast_dtype, progress=cfg.stats_logger.progress_bar)
+    metrics = {"sft/loss": losses[-1], "sft/steps": steps, "time/sft": time.time() - t0}
+    if key is not None:
+        store_cached(model, key, metrics)
+    return metrics

@@ -10,3 +10,11 @@ def digit_share_reward(prompt: str, completion: str, answer: str) -> float:
 def reject_all(group) -> bool:
     """A dynamic filter that accepts no group: with dynamic_bs every step has nothing to train on."""
     return False
+
+
+def hanging_reward(prompt: str, completion: str, answer: str) -> float:
+    """A reward function that never returns (in practice: a stuck external verifier)."""
+    import time
+
+    time.sleep(3600)
+    return 0.0

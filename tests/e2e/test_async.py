@@ -8,6 +8,7 @@ import signal
 import subprocess
 import time
 
+import pytest
 import torch
 
 from .helpers import cli, popen
@@ -63,25 +64,45 @@ def test_sigkill_with_eta_2_loses_no_prompt_and_trains_none_twice(tmp_path):
     assert "held-out accuracy" in out.stdout
 
 
-def test_sigterm_stops_both_sides_and_keeps_the_newest_checkpoint(tmp_path):
+@pytest.mark.parametrize("sig,code,name", [(signal.SIGTERM, 143, "SIGTERM"), (signal.SIGINT, 130, "Ctrl-C")])
+def test_a_signal_stops_both_sides_and_keeps_the_newest_checkpoint(tmp_path, sig, code, name):
     args = ["--config-name", "grpo", *ASYNC, "total_train_steps=500", "saver.freq_steps=2", "evaluator.freq_steps=500",
             "trial_name=t"]
     run = tmp_path / "outputs" / "grpo" / "t"
     proc = popen(args, cwd=tmp_path)
     _wait_for(run / "checkpoints" / "step_2" / "COMPLETE", proc)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     try:
         _, err = proc.communicate(timeout=60)
     except subprocess.TimeoutExpired:
         proc.kill()
-        raise AssertionError("the run did not stop within 60 s of SIGTERM") from None
-    assert proc.returncode == 143, err[-3000:]
-    assert "Stopped by SIGTERM; the newest complete checkpoint is" in err and "Traceback" not in err
+        raise AssertionError(f"the run did not stop within 60 s of {name}") from None
+    assert proc.returncode == code, err[-3000:]
+    assert f"Stopped by {name}; the newest complete checkpoint is" in err and "Traceback" not in err
     done = sorted(int(d.split("_")[1]) for d in os.listdir(run / "checkpoints") if d.startswith("step_"))
     assert done and all((run / "checkpoints" / f"step_{s}" / "COMPLETE").exists() for s in done)
     cli(["--config-name", "grpo", *ASYNC, f"total_train_steps={done[-1] + 1}", "saver.freq_steps=2",
          "evaluator.freq_steps=500", "trial_name=t", "recover.mode=auto"], cwd=tmp_path)
     assert max(_records(run)) == done[-1] + 1
+
+
+def test_a_reward_that_hangs_stops_the_run_naming_where_it_hangs(tmp_path):
+    t0 = time.time()
+    proc = cli(["--config-name", "grpo", *ASYNC, "reward.fn=tests.e2e.plugins.hanging_reward",
+                "rollout.request_timeout=3", "valid_dataset=null", "evaluator.freq_steps=null",
+                "evaluator.eval_before_train=false", "trial_name=h"], cwd=tmp_path, check=False, timeout=120)
+    assert proc.returncode == 1
+    assert "no progress for" in proc.stderr and "rollout.request_timeout=3" in proc.stderr
+    assert "hanging_reward" in proc.stderr and time.time() - t0 < 90
+
+
+def test_multi_turn_workflow_runs_asynchronously(tmp_path):
+    cli(["--config-name", "grpo", "+scale=tiny", "rollout.max_head_offpolicyness=1", "total_train_steps=4",
+         "rollout.workflow=areal_trainer.rollout.multiturn.MultiTurnWorkflow", "actor.gae_timestep_unit=turn",
+         "trial_name=mt"], cwd=tmp_path)
+    records = _records(tmp_path / "outputs" / "grpo" / "mt")
+    assert sorted(records) == [1, 2, 3, 4]
+    assert all(r["actor/staleness/max"] <= 1 and r["rollout/num_turns"] >= 1 for r in records.values())
 
 
 def test_a_step_with_nothing_to_train_on_advances_version_and_schedule(tmp_path):

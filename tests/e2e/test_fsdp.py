@@ -69,3 +69,13 @@ def test_fsdp_cli_run_checkpoint_and_resume(tmp_path):
     with open(run / "metrics.jsonl") as f:
         assert [r["step"] for r in map(json.loads, f) if "reward/task" in r] == [1, 2, 3]
     assert (run / "checkpoints" / "step_3" / "COMPLETE").exists()
+
+
+def test_fsdp_asynchronous_run(tmp_path):
+    """The rollout thread's copy of the policy receives the full (gathered) weights after every step."""
+    _run([*LAUNCH, "-m", "areal_trainer", "--config-name", "grpo", "+scale=tiny", "train_dataset.batch_size=4",
+          "rollout.max_head_offpolicyness=1", "total_train_steps=3", "trial_name=afsdp"], tmp_path)
+    with open(tmp_path / "outputs" / "grpo" / "afsdp" / "metrics.jsonl") as f:
+        steps = [r for r in map(json.loads, f) if "reward/task" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    assert all(r["actor/staleness/max"] <= 1 for r in steps)

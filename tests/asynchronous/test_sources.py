@@ -1,0 +1,41 @@
+"""Which source and engines a configuration gets: synchronous runs sample from the policy itself;
+asynchronous, lagged and lower-precision runs sample from their own copy; evaluation always runs on
+the trainer's own weights, never through the training buffer."""
+
+import pytest
+import torch
+
+from areal_trainer.config import load_config
+from areal_trainer.data.loader import PromptLoader
+from areal_trainer.model.builtin import build_model, build_tokenizer
+from areal_trainer.reward.math import gsm8k_reward_fn
+from areal_trainer.reward.runner import RewardRunner
+from areal_trainer.train.async_rollout import AsyncSource
+from areal_trainer.train.lagged import LaggedSource
+from areal_trainer.train.sources import SyncSource, build_rollout, rollout_mode
+
+
+@pytest.mark.parametrize("overrides,kind,copy", [
+    ([], SyncSource, False),
+    (["rollout.dtype=bfloat16"], SyncSource, True),
+    (["rollout.max_head_offpolicyness=2"], AsyncSource, True),
+    (["rollout.max_head_offpolicyness=2", "rollout.offpolicy_mode=lagged"], LaggedSource, True),
+])
+def test_sources_engines_and_evaluation(overrides, kind, copy):
+    cfg = load_config("grpo", ["+scale=tiny", *overrides])
+    tok = build_tokenizer()
+    model = build_model("builtin:tiny", tok, seed=0)
+    mode = rollout_mode(cfg)
+    loader = PromptLoader(list(range(8)), 2, shuffle=False, drop_last=True, seed=0,
+                          mode="local" if mode == "concurrent" else "global")
+    reward = RewardRunner(gsm8k_reward_fn, name="r", kwargs={}, error_value=0.0, max_error_fraction=1.0)
+    r = build_rollout(cfg, model=model, tokenizer=tok, reward=reward, loader=loader, device=torch.device("cpu"),
+                      autocast_dtype=None, world_size=1, reduce_max=lambda x: x)
+    assert isinstance(r.source, kind)
+    assert (r.engine.model is not model) == copy
+    assert r.eval_workflow.engine.model is model  # evaluation measures the trained weights themselves
+    if "rollout.dtype=bfloat16" in overrides:
+        assert next(r.engine.model.parameters()).dtype == torch.bfloat16
+    if kind is AsyncSource:
+        assert r.engine.gate.interruptible and r.source.staleness.eta == 2
+        assert r.source.staleness.consumer_bs == cfg.train_dataset.batch_size
