@@ -1,5 +1,45 @@
-"""Errors shown to the user as one clear message (no traceback) by the command line."""
+"""Errors shown to the user as one clear message (no traceback) by the command line, and the helpers
+that word them. The bottom layer of the package: it imports nothing of it."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+from typing import Any
 
 
 class UserError(RuntimeError):
     """A problem the user can fix (bad path, bad data row, failing plugin); the message says how."""
+
+
+class ConfigError(ValueError):
+    """One or more problems in a configuration; ``problems`` lists them all."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        n = len(self.problems)
+        super().__init__(f"{n} configuration problem{'s' if n != 1 else ''}:\n{lines}")
+
+
+def one_of(key: str, value: Any, choices: Iterable[Any], fix: str = "") -> list[str]:
+    """A problem if ``value`` is not among ``choices`` (with a did-you-mean for strings)."""
+    choices = list(choices)
+    if value in choices:
+        return []
+    shown = ", ".join("null" if c is None else repr(c) for c in choices)
+    hint = suggest(value, [c for c in choices if isinstance(c, str)])
+    msg = f"{key}: got {value!r}; must be one of {shown}.{hint}"
+    return [msg + (f" {fix}" if fix else "")]
+
+
+def suggest(word: Any, candidates: Iterable[str]) -> str:
+    """`` Did you mean 'x'?`` for the closest candidate, or an empty string."""
+    if not isinstance(word, str):
+        return ""
+    close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
+    return f" Did you mean {close[0]!r}?" if close else ""
+
+
+def is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)

@@ -6,7 +6,7 @@ One right-padded batch of ``--rows`` sequences whose lengths spread uniformly ov
 ``loss.backward()``. Variants (all in this one process, alternating, ``--reps`` times; medians):
 
 * ``padded``: ``packing=False``, the ``[B, S]`` batch as it is;
-* ``packed``: ``packing=None`` (auto: packs of the default width, see ``train/packing.py``);
+* ``packed``: ``packing=None`` (auto: packs of the default width, see ``model/packing.py``);
 * ``packed-N`` for each ``--widths N``: packing with ``max_pack_tokens=N`` (e.g. 8192 = one pack).
 
 Throughput is real (non-padding) tokens per second of wall time. Before timing, the packed
@@ -25,8 +25,8 @@ import time
 import torch
 
 from areal_trainer.model.builtin import build_model, build_tokenizer
+from areal_trainer.model.packing import default_pack_tokens, pack_layout
 from areal_trainer.train.logprobs import forward_logprobs
-from areal_trainer.train.packing import default_pack_tokens, pack_layout
 
 TARGET = 1.5
 """Target speed-up of packed over padded micro-batches on a batch whose lengths spread over 10x."""

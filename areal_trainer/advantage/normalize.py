@@ -21,6 +21,9 @@ import torch
 
 AllReduce = Callable[[torch.Tensor], torch.Tensor]
 
+NORM_LEVELS = ("batch", "group", None)
+"""Where a mean or std comes from: the whole batch, a prompt's group of rows, or nowhere (null)."""
+
 
 def group_index(
     n_rows: int, group_sizes: Sequence[int] | None, group_size: int, device: torch.device

@@ -16,9 +16,7 @@ from typing import Any
 
 import torch
 
-from ..config.actor import _process_stage_problems
-from ..config.base import ConfigError, one_of
-from ..config.parts import ESTIMATOR_BUILTINS, OUTCOME_BUILTINS, PROCESS_BUILTINS
+from ..errors import ConfigError, one_of
 from ..plugins import PluginError, check_signature, resolve
 from . import lambda_fn
 from .datatypes import AdvantageInputs, AdvantageResult
@@ -26,11 +24,16 @@ from .estimators import token_gae, turn_gae
 from .gae import GAELambdaContext
 from .pipeline import Stage, Stages, check_data, run_default
 from .process import PROCESS_FUNCTIONS as PROCESS_FNS
+from .process import process_stage_problems
 from .reward import identity
 from .validation import check_result, check_unmodified, tensor_versions
 
 OUTCOME_FNS = {"identity": identity}
 ESTIMATOR_FNS = {"token_gae": token_gae, "turn_gae": turn_gae}
+# The names ``actor.advantage.<stage>.implementation`` accepts besides import paths ("auto": the default).
+OUTCOME_BUILTINS = ("auto", *OUTCOME_FNS)
+ESTIMATOR_BUILTINS = ("auto", *ESTIMATOR_FNS)
+PROCESS_BUILTINS = ("auto", *PROCESS_FNS)
 _LAMBDA_BUILTINS = (lambda_fn.constant_gae_lambda, lambda_fn.vapo_length_adaptive_gae,
                     lambda_fn.relative_position_gae_lambda)
 
@@ -58,7 +61,7 @@ class AdvantageFn:
 def resolve_advantage(actor_cfg, key: str = "actor") -> AdvantageFn:
     """Resolve ``{key}.advantage`` and ``{key}.gae_lambda``; raise ``ConfigError`` listing every problem."""
     adv = actor_cfg.advantage
-    problems = adv.check(f"{key}.advantage") + _process_stage_problems(key, actor_cfg)
+    problems = adv.check(f"{key}.advantage") + process_stage_problems(key, actor_cfg)
     for name in ("compute", "outcome_reward_shaping", "estimator", "process_adv_shaping"):
         stage = getattr(adv, name)
         if stage is not None:

@@ -10,12 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
 from .base import is_number, one_of
+from .maths import maths
 from .parts import (
-    GAE_UNITS,
-    IS_LEVELS,
-    KL_ESTIMATORS,
-    LOSS_AGG_MODES,
-    PROX_LOGP_METHODS,
     AdvantageConfig,
     NormConfig,
     RejectionSamplingConfig,
@@ -98,11 +94,12 @@ class PPOActorConfig(TrainEngineConfig):
 
     def check(self, key: str) -> list[str]:
         p = super().check(key)
-        p += one_of(f"{key}.importance_sampling_level", self.importance_sampling_level, IS_LEVELS)
-        p += one_of(f"{key}.kl_estimator", self.kl_estimator, KL_ESTIMATORS)
-        p += one_of(f"{key}.prox_logp_method", self.prox_logp_method, PROX_LOGP_METHODS)
-        p += one_of(f"{key}.gae_timestep_unit", self.gae_timestep_unit, GAE_UNITS)
-        p += one_of(f"{key}.loss_agg_mode", self.loss_agg_mode, LOSS_AGG_MODES)
+        m = maths()
+        p += one_of(f"{key}.importance_sampling_level", self.importance_sampling_level, m.IS_LEVELS)
+        p += one_of(f"{key}.kl_estimator", self.kl_estimator, m.KL_ESTIMATORS)
+        p += one_of(f"{key}.prox_logp_method", self.prox_logp_method, m.PROX_LOGP_METHODS)
+        p += one_of(f"{key}.gae_timestep_unit", self.gae_timestep_unit, m.GAE_UNITS)
+        p += one_of(f"{key}.loss_agg_mode", self.loss_agg_mode, m.LOSS_AGG_MODES)
         p += _positive_int(f"{key}.ppo_n_minibatches", self.ppo_n_minibatches)
         p += _positive_int(f"{key}.max_consecutive_nonfinite_steps", self.max_consecutive_nonfinite_steps)
         p += _positive_int(f"{key}.max_new_tokens", self.max_new_tokens)
@@ -130,7 +127,7 @@ class PPOActorConfig(TrainEngineConfig):
                          f"set {key}.use_decoupled_loss=false.")
         if self.overlong_reward_penalty:
             p += _overlong_problems(key, self.overlong_tokens, self.overlong_penalty_factor, self.max_new_tokens)
-        p += _process_stage_problems(key, self)
+        p += m.process_stage_problems(key, self)
         return p
 
     def warnings(self, key: str) -> list[str]:
@@ -194,26 +191,4 @@ def _overlong_problems(key: str, tokens: Any, factor: Any, max_new: int) -> list
         p.append(f"{key}.overlong_tokens: got {tokens}; must be in (0, {key}.max_new_tokens={max_new}].")
     if factor < 0:
         p.append(f"{key}.overlong_penalty_factor: got {factor}; must be >= 0.")
-    return p
-
-
-def _process_stage_problems(key: str, cfg: "PPOActorConfig") -> list[str]:
-    stage = cfg.advantage.process_adv_shaping
-    if stage is None or stage.implementation not in ("gvpo", "process_weighted"):
-        return []
-    p = []
-    impl = stage.implementation
-    if not cfg.token_rewards_as_adv:
-        p.append(f"{key}.advantage.process_adv_shaping.implementation={impl!r} requires "
-                 f"{key}.token_rewards_as_adv=true.")
-    if impl == "process_weighted" and cfg.mask_no_eos_with_zero:
-        p.append(f"{key}.advantage.process_adv_shaping.implementation='process_weighted' requires "
-                 f"{key}.mask_no_eos_with_zero=false.")
-    if impl == "gvpo":
-        for name, v in stage.kwargs.items():
-            if name not in ("negative_scale", "zero_penalty", "zero_eps"):
-                p.append(f"{key}.advantage.process_adv_shaping.kwargs.{name}: not a GVPO parameter; "
-                         "accepted: negative_scale, zero_penalty, zero_eps.")
-            elif not is_number(v) or not math.isfinite(v) or v < 0:
-                p.append(f"{key}.advantage.process_adv_shaping.kwargs.{name}: got {v!r}; must be a finite number >= 0.")
     return p

@@ -6,6 +6,7 @@ command line ``python -m areal_trainer --config-name grpo actor.eps_clip=0.3`` t
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from collections.abc import Sequence
 
@@ -14,7 +15,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ..plugins import PluginError, resolve
+from ..plugins import PluginError, check_signature, import_object, resolve
 from .base import ConfigError, deferred_validation
 from .overrides import check_overrides, normalize_overrides
 from .schema import TrainerConfig
@@ -81,12 +82,31 @@ def plugin_problems(cfg: TrainerConfig) -> list[str]:
     # A workflow is built as cls(engine=..., tokenizer=..., reward=..., **rollout.workflow_kwargs).
     attempt(cfg.rollout.workflow, "rollout.workflow",
             {"engine": None, "tokenizer": None, "reward": None, **cfg.rollout.workflow_kwargs}, n_positional=0)
+    p += _workflow_problems(cfg.rollout.workflow)
     attempt(cfg.rollout.dynamic_filter, "rollout.dynamic_filter")
     lam = cfg.actor.gae_lambda
     if isinstance(lam, str) and lam.strip():
         attempt(lam, "actor.gae_lambda", cfg.actor.gae_lambda_kwargs)
     p += advantage_problems(cfg)
     return p
+
+
+def _workflow_problems(path: str) -> list[str]:
+    """The workflow class must offer ``rollout(samples, gconfig)`` (the ``Workflow`` protocol)."""
+    try:
+        cls = import_object(path, "rollout.workflow")
+    except PluginError:
+        return []  # reported by the import check
+    fn = getattr(cls, "rollout", None)
+    if not callable(fn):
+        return [f"rollout.workflow: {path!r} has no rollout(samples, gconfig) method; a workflow returns one "
+                "trajectory group per prompt from it (see areal_trainer.rollout.types.Workflow)."]
+    try:
+        check_signature(fn, "rollout.workflow", {}, n_positional=3)  # self, samples, gconfig
+    except PluginError:
+        return [f"rollout.workflow: {path}.rollout must take (samples, gconfig); it is {fn.__qualname__}"
+                f"{inspect.signature(fn)}."]
+    return []
 
 
 def advantage_problems(cfg: TrainerConfig) -> list[str]:

@@ -11,23 +11,13 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
 from .base import Checked, is_number, one_of
+from .maths import maths
 
-NORM_LEVELS = ("batch", "group", None)
-RS_LEVELS = ("token", "sequence")
-RS_ACTIONS = ("mask", "clamp")
-RS_METRICS = ("ratio", "kl_k1", "kl_k2", "kl_k3", "binary_kl")
-RS_AGGS = ("sum", "mean", "max")
-IS_LEVELS = ("token", "sequence")
-KL_ESTIMATORS = ("k1", "k2", "k3")
-PROX_LOGP_METHODS = ("recompute", "loglinear", "metrics")
-GAE_UNITS = ("token", "turn")
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+# The maths' enumerations are defined next to the code that implements them (``config/maths.py``);
+# these belong to the training infrastructure (train/optim.py, model/load.py) and live here.
 OPTIMIZERS = ("adam", "adamw", "sgd")
 LR_SCHEDULES = ("constant", "linear", "cosine")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-OUTCOME_BUILTINS = ("auto", "identity")
-ESTIMATOR_BUILTINS = ("auto", "token_gae", "turn_gae")
-PROCESS_BUILTINS = ("auto", "additive", "gvpo", "process_weighted")
 
 
 def _json_problems(key: str, value: Any) -> list[str]:
@@ -60,8 +50,9 @@ class NormConfig(Checked):
         return self.mean_level == "group" or self.std_level == "group"
 
     def check(self, key: str) -> list[str]:
-        p = one_of(f"{key}.mean_level", self.mean_level, NORM_LEVELS)
-        p += one_of(f"{key}.std_level", self.std_level, NORM_LEVELS)
+        levels = maths().NORM_LEVELS
+        p = one_of(f"{key}.mean_level", self.mean_level, levels)
+        p += one_of(f"{key}.std_level", self.std_level, levels)
         if self.uses_group_statistics and (not isinstance(self.group_size, int) or self.group_size < 1):
             p.append(f"{key}.group_size: got {self.group_size!r}; group normalisation needs a positive "
                      f"integer (usually ${{gconfig.n_samples}}).")
@@ -91,10 +82,11 @@ class RejectionSamplingConfig(Checked):
     """Optional lower bound (kept iff lower <= metric). Not allowed with ``binary_kl``."""
 
     def check(self, key: str) -> list[str]:
-        p = one_of(f"{key}.level", self.level, RS_LEVELS)
-        p += one_of(f"{key}.action", self.action, RS_ACTIONS)
-        p += one_of(f"{key}.metric", self.metric, RS_METRICS)
-        p += one_of(f"{key}.agg", self.agg, RS_AGGS)
+        m = maths()
+        p = one_of(f"{key}.level", self.level, m.RS_LEVELS)
+        p += one_of(f"{key}.action", self.action, m.RS_ACTIONS)
+        p += one_of(f"{key}.metric", self.metric, m.RS_METRICS)
+        p += one_of(f"{key}.agg", self.agg, m.RS_AGGS)
         if p:
             return p
         if self.lower is not None and self.lower > self.upper:
@@ -210,8 +202,9 @@ class AdvantageConfig(Checked):
             if used:
                 p.append(f"{key}.compute.implementation={self.compute.implementation!r} replaces the whole computation "
                          f"and cannot be combined with stage entries ({', '.join(used)}); set them to null.")
-        builtins = {"outcome_reward_shaping": OUTCOME_BUILTINS, "estimator": ESTIMATOR_BUILTINS,
-                    "process_adv_shaping": PROCESS_BUILTINS}
+        m = maths()
+        builtins = {"outcome_reward_shaping": m.OUTCOME_BUILTINS, "estimator": m.ESTIMATOR_BUILTINS,
+                    "process_adv_shaping": m.PROCESS_BUILTINS}
         for name, stage in stages.items():
             if stage is None or not isinstance(stage.implementation, str):
                 continue

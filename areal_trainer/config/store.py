@@ -15,7 +15,8 @@ _DONE = [False]
 def register_configs() -> None:
     if _DONE[0]:
         return
-    ConfigStore.instance().store(name="base_config", node=TrainerConfig)
+    with deferred_validation():  # the defaults are valid; checking them would import the maths (torch)
+        ConfigStore.instance().store(name="base_config", node=TrainerConfig)
     # ``${eighth:${gconfig.max_new_tokens}}``: DAPO's overlong zone is the last eighth of the budget.
     OmegaConf.register_new_resolver("eighth", lambda n: max(1, int(n) // 8), replace=True)
     OmegaConf.update = staticmethod(_update_filling_null_sections)

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+KL_ESTIMATORS = ("k1", "k2", "k3")
+
 KL_CLAMP = 10.0
 """Reward-side KL values are clamped to [-10, 10] so one wild token cannot dominate a return."""
 
@@ -37,5 +39,5 @@ def kl_estimate(logp: torch.Tensor, logp_base: torch.Tensor, estimator: str, cla
     elif estimator == "k3":
         kl = torch.expm1(-delta) + delta
     else:
-        raise ValueError(f"kl estimator must be one of k1, k2, k3; got {estimator!r}")
+        raise ValueError(f"kl estimator must be one of {KL_ESTIMATORS}; got {estimator!r}")
     return kl.clamp(-KL_CLAMP, KL_CLAMP) if clamp else kl

@@ -30,12 +30,10 @@ from .aggregate import LOSS_AGG_MODES, Normalizer, aggregate_loss, loss_normaliz
 from .gate import clipped_surrogate, dual_clip, sapo_surrogate
 from .m2po import m2po_mask, second_moment
 from .masked import masked_max, masked_mean, masked_min
-from .prox import approximate_prox_logp, prox_approx_metrics, version_alpha
+from .prox import PROX_LOGP_METHODS, approximate_prox_logp, prox_approx_metrics, version_alpha
 from .ratio import IS_LEVELS, importance_ratio
 from .rejection import RS_ACTIONS, RS_AGGS, RS_LEVELS, RS_METRICS, apply_rejection_sampling, safe_log_ratio
 from .types import PolicyLossInputs, PolicyLossResult, Stats
-
-PROX_LOGP_METHODS = ("recompute", "loglinear", "metrics")
 
 
 @dataclass(frozen=True)

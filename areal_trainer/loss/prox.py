@@ -24,6 +24,9 @@ import torch
 from .masked import masked_mean
 from .types import Stats
 
+PROX_LOGP_METHODS = ("recompute", "loglinear", "metrics")
+"""How pi_prox is obtained: a forward pass (``recompute``), the ``loglinear`` approximation (no forward),
+or a forward pass with every approximation's error reported (``metrics``)."""
 PROX_APPROX_METHODS = ("loglinear", "linear", "rollout")
 LINEAR_EPS = 1e-10
 """Added inside the log of the linear mixture so a zero probability stays finite."""

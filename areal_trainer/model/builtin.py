@@ -8,11 +8,17 @@ back to a space), and the chat template is ChatML-like. Both save and load like 
 
 from __future__ import annotations
 
+import json
+import os
+
 import torch
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from ..data import arith
+VOCAB_FILE = os.path.join(os.path.dirname(__file__), "builtin_vocab.json")
+"""The built-in tokenizer's vocabulary, in id order: the special tokens, then every piece of the
+built-in task's text (``data/arith.py``; ``tests/unit/test_model_io.py`` checks it is exactly what a
+word-level tokenizer trained on that text learns)."""
 
 SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -39,7 +45,9 @@ def builtin_size(path: str) -> str:
 
 def build_tokenizer() -> PreTrainedTokenizerFast:
     """The word-level tokenizer of the built-in task (deterministic)."""
-    tk = Tokenizer(models.WordLevel(unk_token="<unk>"))
+    with open(VOCAB_FILE, encoding="utf-8") as f:
+        vocab = {w: i for i, w in enumerate(json.load(f))}
+    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     # Spaces become a leading "▁" on the next piece; then words, numbers, "####" and single
     # punctuation marks (each with its "▁", if any) and newlines are separate tokens.
     tk.pre_tokenizer = pre_tokenizers.Sequence([
@@ -47,8 +55,6 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
         pre_tokenizers.Split(Regex(r"\n|▁?####|▁?[A-Za-z]+|▁?\d+|▁?[^A-Za-z\d\s▁]|▁"), behavior="isolated"),
     ])
     tk.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="never")
-    trainer = trainers.WordLevelTrainer(special_tokens=SPECIALS, min_frequency=1, show_progress=False)
-    tk.train_from_iterator(arith.corpus() + ["user\nassistant\nsystem"], trainer)
     tok = PreTrainedTokenizerFast(
         tokenizer_object=tk, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>",
         additional_special_tokens=["<|im_start|>", "<|im_end|>"],

@@ -13,7 +13,7 @@ import os
 import torch
 from torch import nn
 
-from ..train.packing import real_token_hidden, unpack
+from .packing import real_token_hidden, unpack
 
 HEAD_FILE = "value_head.pt"
 
@@ -36,7 +36,7 @@ class ValueModel(nn.Module):
                 max_pack_tokens: int | None = None) -> torch.Tensor:
         """``[B, S]`` float32 values (0 at padding) of a right-padded ``[B, S]`` batch.
 
-        The backbone runs only the real tokens, packed (see ``train/packing.py``; ``packing`` None =
+        The backbone runs only the real tokens, packed (see ``model/packing.py``; ``packing`` None =
         when supported, True/False = force), or the padded batch as a fallback.
         """
         ctx = torch.autocast(input_ids.device.type, autocast_dtype) if autocast_dtype else contextlib.nullcontext()

@@ -3,7 +3,7 @@ position ``t`` holds ``log pi(x_{t+1} | x_<=t)``; the last real position and pad
 
 Two things keep the training forward lean:
 
-* **Packing** (``train/packing.py``): the backbone runs only the micro-batch's real tokens, packed
+* **Packing** (``model/packing.py``): the backbone runs only the micro-batch's real tokens, packed
   into rows with ``position_ids`` restarting at every sequence (varlen flash-attention on GPU, the
   block-diagonal causal mask of transformers on sdpa/eager), so no padding token is computed.
   Models that cannot pack fall back to the right-padded forward; outputs are the same ``[B, S]``.
@@ -27,7 +27,7 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
-from .packing import is_varlen, pack, packed_apply, real_token_hidden, use_packing
+from ..model.packing import is_varlen, pack, packed_apply, real_token_hidden, use_packing
 
 CHUNK_ELEMENTS = 1 << 26
 """Default chunk budget: ``chunk_size x V`` float32 logits of at most 256 MiB (441 tokens at V=152k)."""
@@ -226,7 +226,7 @@ def forward_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
     """``[B, S]`` next-token-aligned log-probabilities and entropies (float32) of a right-padded batch.
 
     ``packing``: None = pack when the model supports it (probed once), True/False = force on/off.
-    ``max_pack_tokens``: tokens per pack (None = the ``train/packing.py`` default).
+    ``max_pack_tokens``: tokens per pack (None = the ``model/packing.py`` default).
     ``chunk_size``: tokens per vocabulary-projection chunk (None = ``default_chunk_size(V)``).
     """
     ctx = torch.autocast(input_ids.device.type, autocast_dtype) if autocast_dtype else contextlib.nullcontext()

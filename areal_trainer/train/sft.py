@@ -11,7 +11,6 @@ import hashlib
 import json
 import os
 import shutil
-import sys
 import time
 
 import torch
@@ -80,12 +79,12 @@ def warmstart_key(parts: dict) -> str:
     result (the task generator, the built-in model and tokenizer, the training forward, this file),
     so edits invalidate it."""
     from ..data import arith
-    from ..model import builtin
-    from . import logprobs, packing
+    from ..model import builtin, packing
+    from . import logprobs
 
     h = hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode())
-    for module in (arith, builtin, logprobs, packing, sys.modules[__name__]):
-        with open(module.__file__, "rb") as f:
+    for path in (arith.__file__, builtin.__file__, builtin.VOCAB_FILE, logprobs.__file__, packing.__file__, __file__):
+        with open(path, "rb") as f:
             h.update(f.read())
     h.update(torch.__version__.encode())
     return h.hexdigest()[:24]

@@ -128,6 +128,13 @@ def test_plugin_errors_name_the_key():
     assert "rollout.dynamic_filter: module 'areal_trainer.rollout.filters' has no attribute 'nope'" in text
 
 
+def test_a_workflow_must_offer_the_rollout_method():
+    text = "\n".join(_problems(["rollout.workflow=tests.e2e.plugins.NoRolloutWorkflow"]))
+    assert "rollout.workflow: 'tests.e2e.plugins.NoRolloutWorkflow' has no rollout(samples, gconfig) method" in text
+    text = "\n".join(_problems(["rollout.workflow=tests.e2e.plugins.WrongRolloutWorkflow"]))
+    assert "WrongRolloutWorkflow.rollout must take (samples, gconfig)" in text
+
+
 def test_rejection_sampling_without_decoupled_only_warns():
     with pytest.warns(UserWarning, match="filtering is ignored"):
         load_config("grpo", ["actor.use_decoupled_loss=false"])

@@ -18,3 +18,17 @@ def hanging_reward(prompt: str, completion: str, answer: str) -> float:
 
     time.sleep(3600)
     return 0.0
+
+
+class NoRolloutWorkflow:
+    """A workflow class without the protocol's ``rollout`` method."""
+
+    def __init__(self, *, engine, tokenizer, reward):
+        pass
+
+
+class WrongRolloutWorkflow(NoRolloutWorkflow):
+    """``rollout`` without the gconfig argument."""
+
+    def rollout(self, samples):
+        return []

@@ -73,3 +73,21 @@ def test_engine_logprobs_equal_packed_forward_of_a_ragged_batch():
         for i, (p, g) in enumerate(zip(prompts, gens)):
             torch.testing.assert_close(logp[i, len(p) - 1:len(rows[i]) - 1], torch.tensor(g.logprobs),
                                        atol=1e-5, rtol=0)
+
+
+def test_builtin_vocabulary_is_what_a_tokenizer_learns_from_the_task():
+    """The shipped vocabulary file equals a word-level tokenizer trained on the built-in task's text
+    with the built-in pre-tokenizer (so the task and the tokenizer cannot drift apart)."""
+    from tokenizers import Tokenizer, models, trainers
+
+    from areal_trainer.data import arith
+    from areal_trainer.model.builtin import SPECIALS, build_tokenizer
+
+    shipped = build_tokenizer()
+    tk = Tokenizer(models.WordLevel(unk_token="<unk>"))
+    tk.pre_tokenizer = shipped.backend_tokenizer.pre_tokenizer
+    trainer = trainers.WordLevelTrainer(special_tokens=SPECIALS, min_frequency=1, show_progress=False)
+    tk.train_from_iterator(arith.corpus() + ["user\nassistant\nsystem"], trainer)
+    assert tk.get_vocab() == shipped.backend_tokenizer.get_vocab()
+    question = arith.generate("test", 1)[0]["question"]
+    assert shipped.unk_token_id not in shipped(question, add_special_tokens=False).input_ids

@@ -1,0 +1,104 @@
+"""The package's layers import downward only, and no module-level import cycle exists.
+
+Layers, bottom to top (README, Layout): small utilities (``errors``, ``plugins``, then the
+parallelism helpers ``fsdp`` and ``dist``, each of which may use the ones before it); the pure maths
+(``loss``, which imports nothing of the package, then ``advantage``); ``config``; the peers ``data``,
+``model``, ``reward``, ``rollout``, ``tracking``, which do not import each other; ``train``, the only
+orchestrator; the entry point. A module may import from its own unit and from units below it.
+Imports inside functions count too (a lazy import is still a dependency).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+
+import pytest
+
+ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "areal_trainer")
+LAYERS = [("errors",), ("plugins",), ("fsdp",), ("dist",), ("loss",), ("advantage",), ("config",),
+          ("data", "model", "reward", "rollout", "tracking"), ("train",), ("__main__", "__init__")]
+RANK = {unit: i for i, units in enumerate(LAYERS) for unit in units}
+
+
+def modules() -> dict[str, str]:
+    """Dotted module name (relative to the package) -> file path."""
+    out = {}
+    for dirpath, _, files in os.walk(ROOT):
+        for f in files:
+            if f.endswith(".py"):
+                rel = os.path.relpath(os.path.join(dirpath, f), ROOT)[:-3].replace(os.sep, ".")
+                out[rel.removesuffix(".__init__") or "__init__"] = os.path.join(dirpath, f)
+    return out
+
+
+def imports(name: str, path: str, *, top_level_only: bool = False) -> set[str]:
+    """Package-relative modules that ``name`` imports."""
+    with open(path) as f:
+        tree = ast.parse(f.read())
+    package = name.split(".")[:-1] if not path.endswith("__init__.py") else name.split(".")
+    nodes = tree.body if top_level_only else ast.walk(tree)
+    found = set()
+    for node in nodes:
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - (node.level - 1)] if node.level > 1 else package
+                target = ".".join([*base, *(node.module.split(".") if node.module else [])])
+                names = [target] + [f"{target}.{a.name}" if target else a.name for a in node.names]
+            elif node.module and node.module.split(".")[0] == "areal_trainer":
+                target = node.module.removeprefix("areal_trainer").lstrip(".")
+                names = [target] + [f"{target}.{a.name}" if target else a.name for a in node.names]
+            else:
+                continue
+            found.update(n for n in names if n)
+        elif isinstance(node, ast.Import):
+            found.update(a.name.removeprefix("areal_trainer.") for a in node.names if a.name.startswith("areal_trainer."))
+    return found
+
+
+def unit(module: str) -> str:
+    return module.split(".")[0]
+
+
+MODULES = modules()
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_imports_go_downward(name):
+    mine = unit(name)
+    assert mine in RANK, f"{name}: its unit {mine!r} has no layer; add it to LAYERS (and the README's Layout)"
+    bad = []
+    for target in sorted(imports(name, MODULES[name])):
+        other = unit(target)
+        if other == mine or other not in RANK or target not in MODULES and target.rsplit(".", 1)[0] not in MODULES:
+            continue
+        if RANK[other] >= RANK[mine]:
+            bad.append(target)
+    assert not bad, f"{name} (layer {RANK[mine]}: {mine}) imports from the same or a higher layer: {bad}"
+
+
+def test_loss_imports_nothing_of_the_package():
+    for name, path in MODULES.items():
+        if unit(name) == "loss":
+            assert all(unit(t) == "loss" for t in imports(name, path) if unit(t) in RANK), name
+
+
+def test_no_module_level_import_cycle():
+    graph = {n: {t if t in MODULES else t.rsplit(".", 1)[0] for t in imports(n, p, top_level_only=True)} & MODULES.keys()
+             for n, p in MODULES.items()}
+    state: dict[str, int] = {}
+
+    def visit(node, path):
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if nxt == node or nxt.startswith(node + ".") or node.startswith(nxt + "."):
+                continue  # a package and its own submodules
+            if state.get(nxt) == 1:
+                raise AssertionError("import cycle: " + " -> ".join([*path, nxt]))
+            if nxt not in state:
+                visit(nxt, [*path, nxt])
+        state[node] = 2
+
+    for n in sorted(graph):
+        if n not in state:
+            visit(n, [n])
