@@ -14,6 +14,7 @@ from .maths import maths
 from .parts import (
     AdvantageConfig,
     NormConfig,
+    PolicyLossConfig,
     RejectionSamplingConfig,
     TrainEngineConfig,
     _json_problems,
@@ -88,6 +89,8 @@ class PPOActorConfig(TrainEngineConfig):
     """IcePop/KPop token masks and behaviour-weight clamping (decoupled loss only)."""
     prox_logp_method: str = "recompute"
     """``recompute`` (forward pass), ``loglinear`` (version interpolation, no forward) or ``metrics``."""
+    loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    """Pluggable policy loss: its surrogate, or the whole loss, by built-in name or import path."""
     # -- robustness ---------------------------------------------------------------------------
     max_consecutive_nonfinite_steps: int = 3
     """A non-finite loss or grad norm skips the optimizer step; this many in a row stop the run."""
@@ -103,14 +106,6 @@ class PPOActorConfig(TrainEngineConfig):
         p += _positive_int(f"{key}.ppo_n_minibatches", self.ppo_n_minibatches)
         p += _positive_int(f"{key}.max_consecutive_nonfinite_steps", self.max_consecutive_nonfinite_steps)
         p += _positive_int(f"{key}.max_new_tokens", self.max_new_tokens)
-        if self.eps_clip < 0:
-            p.append(f"{key}.eps_clip: got {self.eps_clip}; must be >= 0.")
-        if self.eps_clip_higher is not None and self.eps_clip_higher < 0:
-            p.append(f"{key}.eps_clip_higher: got {self.eps_clip_higher}; must be >= 0 or null.")
-        if self.c_clip is not None and not self.c_clip > 1:
-            p.append(f"{key}.c_clip: got {self.c_clip}; the dual-clip constant must be > 1 (3.0 is usual), or null to disable.")
-        if self.m2_threshold is not None and not self.m2_threshold > 0:
-            p.append(f"{key}.m2_threshold: got {self.m2_threshold}; must be > 0 (M2PO uses 0.04), or null.")
         if self.kl_ctl < 0:
             p.append(f"{key}.kl_ctl: got {self.kl_ctl}; must be >= 0.")
         if not self.reward_clip > 0:
@@ -118,13 +113,7 @@ class PPOActorConfig(TrainEngineConfig):
         if not 0 <= self.discount <= 1:
             p.append(f"{key}.discount: got {self.discount}; must be in [0, 1].")
         p += _lambda_problems(key, self.gae_lambda) + _json_problems(f"{key}.gae_lambda_kwargs", self.gae_lambda_kwargs)
-        if self.use_sapo_loss:
-            for name in ("sapo_tau_pos", "sapo_tau_neg"):
-                if not getattr(self, name) > 0:
-                    p.append(f"{key}.{name}: got {getattr(self, name)}; SAPO temperatures must be positive.")
-            if self.use_decoupled_loss:
-                p.append(f"{key}.use_sapo_loss: SAPO is not compatible with use_decoupled_loss=true; "
-                         f"set {key}.use_decoupled_loss=false.")
+        p += m.policy_loss_problems(key, self)  # the surrogate's rules, M2PO, aggregation
         if self.overlong_reward_penalty:
             p += _overlong_problems(key, self.overlong_tokens, self.overlong_penalty_factor, self.max_new_tokens)
         p += m.process_stage_problems(key, self)

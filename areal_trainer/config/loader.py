@@ -87,7 +87,7 @@ def plugin_problems(cfg: TrainerConfig) -> list[str]:
     lam = cfg.actor.gae_lambda
     if isinstance(lam, str) and lam.strip():
         attempt(lam, "actor.gae_lambda", cfg.actor.gae_lambda_kwargs)
-    p += advantage_problems(cfg)
+    p += advantage_problems(cfg) + loss_plugin_problems(cfg)
     return p
 
 
@@ -106,6 +106,17 @@ def _workflow_problems(path: str) -> list[str]:
     except PluginError:
         return [f"rollout.workflow: {path}.rollout must take (samples, gconfig); it is {fn.__qualname__}"
                 f"{inspect.signature(fn)}."]
+    return []
+
+
+def loss_plugin_problems(cfg: TrainerConfig) -> list[str]:
+    """Bind the policy loss (its rules, and a surrogate or whole loss given by import path)."""
+    from .loss import bind_policy_loss
+
+    try:
+        bind_policy_loss(cfg.actor)
+    except ConfigError as e:
+        return list(e.problems)
     return []
 
 

@@ -82,30 +82,8 @@ class RejectionSamplingConfig(Checked):
     """Optional lower bound (kept iff lower <= metric). Not allowed with ``binary_kl``."""
 
     def check(self, key: str) -> list[str]:
-        m = maths()
-        p = one_of(f"{key}.level", self.level, m.RS_LEVELS)
-        p += one_of(f"{key}.action", self.action, m.RS_ACTIONS)
-        p += one_of(f"{key}.metric", self.metric, m.RS_METRICS)
-        p += one_of(f"{key}.agg", self.agg, m.RS_AGGS)
-        if p:
-            return p
-        if self.lower is not None and self.lower > self.upper:
-            p.append(f"{key}.lower: got {self.lower} > upper={self.upper}; lower must not exceed upper.")
-        if self.metric == "ratio":
-            if self.upper <= 1.0:
-                p.append(f"{key}.upper: got {self.upper}; upper must be > 1.0 for metric 'ratio' "
-                         "(a ratio of 1 means on-policy; IcePop uses 5.0).")
-            if self.lower is not None and self.lower <= 0:
-                p.append(f"{key}.lower: got {self.lower}; lower must be positive for metric 'ratio' (IcePop uses 0.5).")
-        if self.metric in ("kl_k2", "kl_k3", "binary_kl") and self.upper <= 0:
-            p.append(f"{key}.upper: got {self.upper}; upper must be > 0 for metric '{self.metric}'.")
-        if self.action == "clamp" and self.metric != "ratio":
-            p.append(f"{key}.action: action='clamp' only supports metric='ratio' (got metric={self.metric!r}); "
-                     "use action=mask.")
-        if self.metric == "binary_kl" and self.lower is not None:
-            p.append(f"{key}.lower: got {self.lower}; metric 'binary_kl' (KPop) masks only above `upper`, "
-                     f"remove `lower` ({key}.lower=null).")
-        return p
+        return maths().rejection_problems(key, level=self.level, action=self.action, metric=self.metric,
+                                          agg=self.agg, upper=self.upper, lower=self.lower)
 
     def warnings(self, key: str) -> list[str]:
         if self.level == "token" and self.agg != "mean":
@@ -216,6 +194,24 @@ class AdvantageConfig(Checked):
         if proc is not None and proc.implementation == "auto" and proc.kwargs:
             p.append(f"{key}.process_adv_shaping.kwargs: implementation 'auto' takes no kwargs (got {dict(proc.kwargs)}); "
                      "name the implementation (e.g. gvpo) to pass kwargs.")
+        return p
+
+
+@dataclass
+class PolicyLossConfig(Checked):
+    """``actor.loss``: replace the surrogate of the policy loss, or the whole loss (``config/loss.py``)."""
+
+    compute: Optional[StageConfig] = field(default_factory=lambda: StageConfig(implementation="default"))
+    """``default`` (the staged loss), or an import path of ``fn(PolicyLossInputs, *, normalizer, **kwargs)
+    -> PolicyLossResult`` replacing it."""
+    surrogate: Optional[StageConfig] = None
+    """null/``auto``: ``sapo`` with ``use_sapo_loss``, else ``clip``; or a built-in name (``clip``, ``sapo``,
+    ...) or an import path of ``fn(SurrogateInputs, **kwargs) -> SurrogateResult``."""
+
+    def check(self, key: str) -> list[str]:
+        p: list[str] = []
+        if self.compute is not None and self.compute.implementation == "default" and self.compute.kwargs:
+            p.append(f"{key}.compute.kwargs: the default loss takes no kwargs (got {dict(self.compute.kwargs)}).")
         return p
 
 

@@ -9,7 +9,7 @@ The trainer owns the forward pass; these functions only see per-token tensors.
 
 Usage::
 
-    loss_fn = bind_policy_loss(actor_config)              # once
+    loss_fn = bind_policy_loss(actor_config)              # once (areal_trainer.config.loss.bind_policy_loss)
     n = sum(loss_normalizer(mb.loss_mask, actor_config.loss_agg_mode) for mb in micro_batches)
     for mb in micro_batches:                               # all-reduce n over ranks first
         loss, stats = loss_fn(PolicyLossInputs(...), normalizer=n)
@@ -40,47 +40,54 @@ actually applied; the global one when the trainer passes it), ``token_loss``,
 Critic keys: see :func:`value_loss`.
 """
 
-from .aggregate import LOSS_AGG_MODES, aggregate_loss, loss_normalizer
-from .gate import clip_ratio, clipped_surrogate, dual_clip, sapo_gate, sapo_surrogate
+from .aggregate import AGGREGATIONS, LOSS_AGG_MODES, aggregate_loss, loss_normalizer
 from .m2po import m2po_mask
-from .policy import (
-    PolicyLossFn,
-    RejectionSettings,
-    bind_policy_loss,
-    compute_policy_loss,
-    policy_loss,
-    resolve_prox_logp,
-)
+from .policy import BoundSurrogate, PolicyLoss, RejectionSettings, resolve_prox_logp
 from .prox import approximate_prox_logp, version_alpha
-from .ratio import importance_ratio, sequence_mean_advantage, sequence_ratio, token_ratio
+from .ratio import RATIOS, importance_ratio, sequence_mean_advantage, sequence_ratio, token_ratio
 from .rejection import RejectionResult, apply_rejection_sampling, binary_kl
 from .stats import reduce_stats, reduction_of
+from .surrogate import (
+    SURROGATES,
+    Surrogate,
+    SurrogateInputs,
+    SurrogateResult,
+    clip_ratio,
+    clipped_surrogate,
+    dual_clip,
+    sapo_gate,
+    sapo_surrogate,
+)
 from .types import PolicyLogprobs, PolicyLossInputs, PolicyLossResult, Stats
 from .value import explained_variance, value_loss
 
 __all__ = [
+    "AGGREGATIONS",
     "LOSS_AGG_MODES",
+    "RATIOS",
+    "SURROGATES",
+    "BoundSurrogate",
     "PolicyLogprobs",
-    "PolicyLossFn",
+    "PolicyLoss",
     "PolicyLossInputs",
     "PolicyLossResult",
     "RejectionResult",
     "RejectionSettings",
     "Stats",
+    "Surrogate",
+    "SurrogateInputs",
+    "SurrogateResult",
     "aggregate_loss",
     "apply_rejection_sampling",
     "approximate_prox_logp",
     "binary_kl",
-    "bind_policy_loss",
     "clip_ratio",
     "clipped_surrogate",
-    "compute_policy_loss",
     "dual_clip",
     "explained_variance",
     "importance_ratio",
     "loss_normalizer",
     "m2po_mask",
-    "policy_loss",
     "reduce_stats",
     "reduction_of",
     "resolve_prox_logp",

@@ -22,18 +22,51 @@ up-weights the rest.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 
 from .masked import row_count
 
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+
+@dataclass(frozen=True)
+class Aggregation:
+    """A mode: the unit it averages over (``token``: loss tokens; ``sequence``: rows with a loss
+    token) and ``total(token_loss, mask, max_new_tokens)``, the micro-batch's sum of per-unit terms."""
+
+    unit: str
+    total: Callable[[torch.Tensor, torch.Tensor, int | None], torch.Tensor]
+
+
+def _sum(token_loss: torch.Tensor, mask: torch.Tensor, max_new_tokens: int | None) -> torch.Tensor:
+    return token_loss.sum()
+
+
+def _sequence_means(token_loss: torch.Tensor, mask: torch.Tensor, max_new_tokens: int | None) -> torch.Tensor:
+    return (token_loss.sum(-1) / row_count(mask).clamp_min(1)).sum()
+
+
+def _sum_over_budget(token_loss: torch.Tensor, mask: torch.Tensor, max_new_tokens: int | None) -> torch.Tensor:
+    return token_loss.sum() / float(max_new_tokens)
+
+
+AGGREGATIONS = {
+    "token-mean": Aggregation("token", _sum),
+    "seq-mean-token-mean": Aggregation("sequence", _sequence_means),
+    "seq-mean-token-sum": Aggregation("sequence", _sum),
+    "seq-mean-token-sum-norm": Aggregation("sequence", _sum_over_budget),
+}
+LOSS_AGG_MODES = tuple(AGGREGATIONS)
 
 Normalizer = torch.Tensor | float | int
 
 
-def _check_mode(mode: str) -> None:
-    if mode not in LOSS_AGG_MODES:
-        raise ValueError(f"loss_agg_mode must be one of {LOSS_AGG_MODES}; got {mode!r}.")
+def aggregation_problems(key: str, *, loss_agg_mode: str, max_new_tokens: int | None) -> list[str]:
+    """``seq-mean-token-sum-norm`` divides by the length budget, which must be positive."""
+    if loss_agg_mode == "seq-mean-token-sum-norm" and not (max_new_tokens or 0) > 0:
+        return [f"{key}.loss_agg_mode='seq-mean-token-sum-norm' needs {key}.max_new_tokens > 0; got {max_new_tokens!r}."]
+    return []
 
 
 def loss_normalizer(loss_mask: torch.Tensor, mode: str) -> torch.Tensor:
@@ -42,9 +75,8 @@ def loss_normalizer(loss_mask: torch.Tensor, mode: str) -> torch.Tensor:
     ``token-mean``: the number of loss tokens. Every ``seq-mean-*`` mode: the number of rows with at
     least one loss token.
     """
-    _check_mode(mode)
     mask = loss_mask.bool()
-    if mode == "token-mean":
+    if AGGREGATIONS[mode].unit == "token":
         return mask.sum(dtype=torch.float32)
     return mask.any(dim=-1).sum(dtype=torch.float32)
 
@@ -64,7 +96,7 @@ def aggregate_loss(
             (padding, prompt, rejected tokens).
         loss_mask: ``[B, S]`` loss mask *before* rejection filters: it defines the units counted and,
             for ``seq-mean-token-mean``, each sequence's length.
-        mode: one of :data:`LOSS_AGG_MODES`.
+        mode: a key of :data:`AGGREGATIONS`.
         normalizer: global unit count of the step (sum of :func:`loss_normalizer` over all micro-batches
             and ranks); None uses this micro-batch's own count. Values below 1 are raised to 1, so an
             empty step gives a 0 loss rather than NaN.
@@ -73,7 +105,6 @@ def aggregate_loss(
     Returns:
         ``(loss, normalizer_used)``: 0-dim float32 loss and the normaliser it was divided by.
     """
-    _check_mode(mode)
     mask = loss_mask.bool()
     token_loss = torch.where(mask, token_loss.float(), 0.0)
     if normalizer is None:
@@ -84,14 +115,4 @@ def aggregate_loss(
         # A fill on the device, not a host-to-device copy.
         norm = token_loss.new_full((), float(normalizer))
     norm = norm.clamp_min(1.0)
-    if mode == "token-mean":
-        total = token_loss.sum()
-    elif mode == "seq-mean-token-mean":
-        total = (token_loss.sum(-1) / row_count(mask).clamp_min(1)).sum()
-    elif mode == "seq-mean-token-sum":
-        total = token_loss.sum()
-    else:
-        if max_new_tokens is None or not max_new_tokens > 0:
-            raise ValueError(f"seq-mean-token-sum-norm needs max_new_tokens > 0; got {max_new_tokens!r}.")
-        total = token_loss.sum() / float(max_new_tokens)
-    return total / norm, norm
+    return AGGREGATIONS[mode].total(token_loss, mask, max_new_tokens) / norm, norm

@@ -23,6 +23,12 @@ def second_moment(behav_logp: torch.Tensor, prox_logp: torch.Tensor, mask: torch
     return torch.where(mask, m2, 0.0)
 
 
+def m2po_problems(key: str, *, m2_threshold: float | None) -> list[str]:
+    if m2_threshold is not None and not m2_threshold > 0:
+        return [f"{key}.m2_threshold: got {m2_threshold}; must be > 0 (M2PO uses 0.04), or null."]
+    return []
+
+
 def m2po_mask(
     behav_logp: torch.Tensor, prox_logp: torch.Tensor, mask: torch.Tensor, *, threshold: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -37,8 +43,6 @@ def m2po_mask(
         ``(mask, n_masked)``: the reduced bool mask (a subset of ``mask``) and the 0-dim float count of
         removed tokens. If no k < n qualifies, all but the smallest token are removed.
     """
-    if not threshold > 0:
-        raise ValueError(f"m2_threshold must be > 0; got {threshold}.")
     mask = mask.bool()
     m2 = second_moment(behav_logp, prox_logp, mask).flatten()
     flat_mask = mask.flatten()

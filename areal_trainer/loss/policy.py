@@ -1,4 +1,7 @@
-"""The actor's policy loss: composition of ratio, gate, filters and aggregation, bound once from config.
+"""The actor's policy loss: registered stages composed in one fixed order, bound once from config
+(``config/loss.py``): the ratio (``ratio.py``, by ``importance_sampling_level``), the token filters
+and behaviour weight (``m2po.py``, ``rejection.py``), the surrogate (``surrogate.py``) and the
+aggregation (``aggregate.py``).
 
 Objectives (one code path, switched by keyword arguments):
 
@@ -17,22 +20,24 @@ Objectives (one code path, switched by keyword arguments):
 
 Order: resolve pi_prox -> M2PO mask -> rejection sampling -> ratio -> surrogate -> behaviour weight
 -> aggregation. Denominators always count the loss mask *before* M2PO and rejection sampling.
+Settings arrive checked (``config/`` checks every rule at start-up); this module checks shapes only.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from .aggregate import LOSS_AGG_MODES, Normalizer, aggregate_loss, loss_normalizer
-from .gate import clipped_surrogate, dual_clip, sapo_surrogate
+from .aggregate import Normalizer, aggregate_loss, loss_normalizer
 from .m2po import m2po_mask, second_moment
 from .masked import masked_max, masked_mean, masked_min
-from .prox import PROX_LOGP_METHODS, approximate_prox_logp, prox_approx_metrics, version_alpha
-from .ratio import IS_LEVELS, importance_ratio
-from .rejection import RS_ACTIONS, RS_AGGS, RS_LEVELS, RS_METRICS, apply_rejection_sampling, safe_log_ratio
+from .prox import approximate_prox_logp, prox_approx_metrics, version_alpha
+from .ratio import importance_ratio
+from .rejection import apply_rejection_sampling, safe_log_ratio
+from .surrogate import SURROGATES, Surrogate, SurrogateInputs
 from .types import PolicyLossInputs, PolicyLossResult, Stats
 
 
@@ -47,12 +52,17 @@ class RejectionSettings:
     lower: float | None = None
     agg: str = "mean"
 
-    def __post_init__(self) -> None:
-        for name, choices in (("level", RS_LEVELS), ("action", RS_ACTIONS), ("metric", RS_METRICS), ("agg", RS_AGGS)):
-            if getattr(self, name) not in choices:
-                raise ValueError(f"rejection_sampling.{name} must be one of {choices}; got {getattr(self, name)!r}.")
-        if self.action == "clamp" and self.metric != "ratio":
-            raise ValueError(f"action='clamp' only supports metric='ratio'; got metric={self.metric!r}.")
+
+@dataclass(frozen=True)
+class BoundSurrogate:
+    """A surrogate (``spec``) with its settings, under ``name`` (a built-in name or an import path)."""
+
+    name: str = "clip"
+    spec: Surrogate = SURROGATES["clip"]
+    settings: Mapping[str, Any] = field(default_factory=lambda: {"eps_clip": 0.2})
+
+    def __call__(self, x: SurrogateInputs):
+        return self.spec.fn(x, **self.settings)
 
 
 def resolve_prox_logp(
@@ -97,144 +107,79 @@ def resolve_prox_logp(
     return prox, stats
 
 
-def check_loss_settings(
-    *,
-    importance_sampling_level: str,
-    eps_clip: float,
-    eps_clip_higher: float | None,
-    c_clip: float | None,
-    m2_threshold: float | None,
-    use_sapo_loss: bool,
-    sapo_tau_pos: float,
-    sapo_tau_neg: float,
-    use_decoupled_loss: bool,
-    rejection: RejectionSettings | None,
-    prox_logp_method: str,
-    loss_agg_mode: str,
-    max_new_tokens: int | None,
-) -> None:
-    """Raise ``ValueError`` for settings the loss cannot run with (Python values only, no tensors)."""
-    if importance_sampling_level not in IS_LEVELS:
-        raise ValueError(f"Invalid importance_sampling_level {importance_sampling_level!r}; "
-                         f"must be one of {IS_LEVELS}.")
-    if loss_agg_mode not in LOSS_AGG_MODES:
-        raise ValueError(f"loss_agg_mode must be one of {LOSS_AGG_MODES}; got {loss_agg_mode!r}.")
-    if prox_logp_method not in PROX_LOGP_METHODS:
-        raise ValueError(f"prox_logp_method must be one of {PROX_LOGP_METHODS}; got {prox_logp_method!r}.")
-    if eps_clip < 0 or (eps_clip_higher is not None and eps_clip_higher < 0):
-        raise ValueError(f"eps_clip / eps_clip_higher must be >= 0; got {eps_clip}, {eps_clip_higher}.")
-    if c_clip is not None and not c_clip > 1:
-        raise ValueError(f"c_clip must be > 1 for dual clipping (or None); got {c_clip}.")
-    if m2_threshold is not None and not m2_threshold > 0:
-        raise ValueError(f"m2_threshold must be > 0 (or None); got {m2_threshold}.")
-    if use_sapo_loss:
-        if not (sapo_tau_pos > 0 and sapo_tau_neg > 0):
-            raise ValueError(f"SAPO temperatures must be positive; got sapo_tau_pos={sapo_tau_pos}, "
-                             f"sapo_tau_neg={sapo_tau_neg}.")
-        if use_decoupled_loss:
-            raise ValueError("SAPO is not compatible with use_decoupled_loss=True.")
-    if loss_agg_mode == "seq-mean-token-sum-norm" and not (max_new_tokens or 0) > 0:
-        raise ValueError(f"loss_agg_mode='seq-mean-token-sum-norm' needs max_new_tokens > 0; "
-                         f"got {max_new_tokens!r}.")
+@dataclass(frozen=True)
+class PolicyLoss:
+    """The bound policy loss: ``loss(inputs, normalizer=None) -> PolicyLossResult`` for one micro-batch.
 
-
-def policy_loss(
-    inputs: PolicyLossInputs,
-    *,
-    normalizer: Normalizer | None = None,
-    importance_sampling_level: str = "token",
-    eps_clip: float = 0.2,
-    eps_clip_higher: float | None = None,
-    c_clip: float | None = None,
-    m2_threshold: float | None = None,
-    use_sapo_loss: bool = False,
-    sapo_tau_pos: float = 1.0,
-    sapo_tau_neg: float = 1.05,
-    use_decoupled_loss: bool = False,
-    rejection: RejectionSettings | None = None,
-    prox_logp_method: str = "recompute",
-    loss_agg_mode: str = "token-mean",
-    max_new_tokens: int | None = None,
-) -> PolicyLossResult:
-    """Policy loss of one micro-batch (all tensors ``[B, S]``, see :class:`PolicyLossInputs`).
-
-    Args:
-        normalizer: global unit count of the optimizer step (see ``aggregate.py``); None = local.
-        importance_sampling_level: ``token`` or ``sequence`` (GSPO).
-        eps_clip, eps_clip_higher: clip range ``[1 - eps_clip, 1 + (eps_clip_higher or eps_clip)]``.
-        c_clip: dual-clip constant (> 1) or None.
-        m2_threshold: M2PO tau or None.
-        use_sapo_loss, sapo_tau_pos, sapo_tau_neg: SAPO soft gates instead of clipping.
-        use_decoupled_loss: three-policy loss; enables ``rejection``.
+    Attributes:
+        surrogate: the surrogate with its settings.
+        importance_sampling_level: ``token`` or ``sequence`` (GSPO), a key of ``ratio.RATIOS``.
+        use_decoupled_loss: three-policy loss; enables ``rejection`` (for surrogates that take the
+            behaviour weight).
         rejection: rejection-sampling settings, or None (no behaviour weight).
+        m2_threshold: M2PO tau or None.
         prox_logp_method: ``recompute``, ``loglinear`` or ``metrics``.
         loss_agg_mode, max_new_tokens: aggregation (``max_new_tokens`` for ``seq-mean-token-sum-norm``).
-
-    Returns:
-        :class:`PolicyLossResult` with the 0-dim float32 loss and detached 0-dim stats.
     """
-    check_loss_settings(importance_sampling_level=importance_sampling_level, eps_clip=eps_clip,
-                        eps_clip_higher=eps_clip_higher, c_clip=c_clip, m2_threshold=m2_threshold,
-                        use_sapo_loss=use_sapo_loss, sapo_tau_pos=sapo_tau_pos, sapo_tau_neg=sapo_tau_neg,
-                        use_decoupled_loss=use_decoupled_loss, rejection=rejection,
-                        prox_logp_method=prox_logp_method, loss_agg_mode=loss_agg_mode,
-                        max_new_tokens=max_new_tokens)
-    mask0 = inputs.loss_mask.bool()
-    n_valid = mask0.sum(dtype=torch.float32)
-    logp = inputs.logprobs.float()
-    behav = inputs.policies.behavior.detach().float()
-    adv = inputs.advantages.detach().float()
-    prox, stats = resolve_prox_logp(inputs, logp, behav, mask0, n_valid, method=prox_logp_method,
-                                    decoupled=use_decoupled_loss)
 
-    mask = mask0
-    if m2_threshold is not None:
-        mask, n_m2 = m2po_mask(behav, prox, mask, threshold=m2_threshold)
-        stats["actor/m2po/masked_frac"] = n_m2 / n_valid.clamp_min(1)
-        stats["actor/m2po/m2"] = masked_mean(second_moment(behav, prox, mask0), mask0, n_valid)
+    surrogate: BoundSurrogate = field(default_factory=BoundSurrogate)
+    importance_sampling_level: str = "token"
+    use_decoupled_loss: bool = False
+    rejection: RejectionSettings | None = None
+    m2_threshold: float | None = None
+    prox_logp_method: str = "recompute"
+    loss_agg_mode: str = "token-mean"
+    max_new_tokens: int | None = None
 
-    weight = None
-    if use_decoupled_loss and rejection is not None and not use_sapo_loss:
-        rs = apply_rejection_sampling(prox, behav, mask, level=rejection.level, action=rejection.action,
-                                      metric=rejection.metric, upper=rejection.upper, lower=rejection.lower,
-                                      agg=rejection.agg)
-        mask, weight = rs.mask, rs.weight
-        key = "masked_frac" if rejection.action == "mask" else "clamped_frac"
-        count = rs.n_rejected if rejection.action == "mask" else rs.n_clamped
-        stats[f"actor/rejection/{key}"] = count / n_valid.clamp_min(1)
-        stats["actor/behave_weight"] = masked_mean(weight, mask0, n_valid)
-        stats["actor/behave_weight/min"] = masked_min(weight, mask)
-        stats["actor/behave_weight/max"] = masked_max(weight, mask)
+    def __call__(self, inputs: PolicyLossInputs, normalizer: Normalizer | None = None) -> PolicyLossResult:
+        """Policy loss of one micro-batch (all tensors ``[B, S]``, see :class:`PolicyLossInputs`).
 
-    # SAPO's ratio is against the behaviour policy; PPO's against the proximal one.
-    base = behav if use_sapo_loss else prox
-    ratio, adv_used = importance_ratio(logp, base, adv, mask, level=importance_sampling_level)
-    if use_sapo_loss:
-        token_loss, gate, gate_pos, gate_neg = sapo_surrogate(ratio, adv_used, tau_pos=sapo_tau_pos,
-                                                              tau_neg=sapo_tau_neg)
-        stats["actor/sapo/gate"] = masked_mean(gate, mask, n_valid)
-        stats["actor/sapo/gate_pos"] = masked_mean(gate_pos, mask, n_valid)
-        stats["actor/sapo/gate_neg"] = masked_mean(gate_neg, mask, n_valid)
-    else:
-        eps_high = eps_clip if eps_clip_higher is None else eps_clip_higher
-        token_loss, low, high = clipped_surrogate(ratio, adv_used, eps_low=eps_clip, eps_high=eps_high)
-        stats["actor/clip_frac_low"] = masked_mean(low.float(), mask, n_valid)
-        stats["actor/clip_frac_high"] = masked_mean(high.float(), mask, n_valid)
-        stats["actor/clip_frac"] = masked_mean((low | high).float(), mask, n_valid)
-        if c_clip is not None:
-            token_loss, dual = dual_clip(token_loss, adv_used, c_clip=c_clip)
-            stats["actor/dual_clip_frac"] = masked_mean(dual.float(), mask, n_valid)
+        ``normalizer``: the global unit count of the optimizer step (see ``aggregate.py``); None = local.
+        Returns the 0-dim float32 loss and detached 0-dim stats.
+        """
+        spec = self.surrogate.spec
+        mask0 = inputs.loss_mask.bool()
+        n_valid = mask0.sum(dtype=torch.float32)
+        logp = inputs.logprobs.float()
+        behav = inputs.policies.behavior.detach().float()
+        adv = inputs.advantages.detach().float()
+        prox, stats = resolve_prox_logp(inputs, logp, behav, mask0, n_valid, method=self.prox_logp_method,
+                                        decoupled=self.use_decoupled_loss)
+
+        mask = mask0
+        if self.m2_threshold is not None:
+            mask, n_m2 = m2po_mask(behav, prox, mask, threshold=self.m2_threshold)
+            stats["actor/m2po/masked_frac"] = n_m2 / n_valid.clamp_min(1)
+            stats["actor/m2po/m2"] = masked_mean(second_moment(behav, prox, mask0), mask0, n_valid)
+
+        weight = None
+        rs = self.rejection
+        if self.use_decoupled_loss and rs is not None and spec.behavior_weight:
+            out = apply_rejection_sampling(prox, behav, mask, level=rs.level, action=rs.action, metric=rs.metric,
+                                           upper=rs.upper, lower=rs.lower, agg=rs.agg)
+            mask, weight = out.mask, out.weight
+            key = "masked_frac" if rs.action == "mask" else "clamped_frac"
+            count = out.n_rejected if rs.action == "mask" else out.n_clamped
+            stats[f"actor/rejection/{key}"] = count / n_valid.clamp_min(1)
+            stats["actor/behave_weight"] = masked_mean(weight, mask0, n_valid)
+            stats["actor/behave_weight/min"] = masked_min(weight, mask)
+            stats["actor/behave_weight/max"] = masked_max(weight, mask)
+
+        base = prox if spec.base == "proximal" else behav
+        ratio, adv_used = importance_ratio(logp, base, adv, mask, level=self.importance_sampling_level)
+        token_loss, surrogate_stats = self.surrogate(SurrogateInputs(ratio, adv_used, logp, mask, n_valid))
+        stats.update(surrogate_stats)
         if weight is not None:
             token_loss = token_loss * weight
-    token_loss = torch.where(mask, token_loss, 0.0)
-    loss, norm_used = aggregate_loss(token_loss, mask0, mode=loss_agg_mode, normalizer=normalizer,
-                                     max_new_tokens=max_new_tokens)
+        token_loss = torch.where(mask, token_loss, 0.0)
+        loss, norm_used = aggregate_loss(token_loss, mask0, mode=self.loss_agg_mode, normalizer=normalizer,
+                                         max_new_tokens=self.max_new_tokens)
 
-    stats.update(_common_stats(inputs, logp, base, prox, behav, adv, token_loss, mask0, n_valid,
-                               level=importance_sampling_level, decoupled=use_decoupled_loss))
-    stats["actor/loss/normalizer"] = loss_normalizer(mask0, loss_agg_mode)
-    stats["actor/loss/normalizer_used/max"] = norm_used
-    return PolicyLossResult(loss, {k: v.detach() for k, v in stats.items()})
+        stats.update(_common_stats(inputs, logp, base, prox, behav, adv, token_loss, mask0, n_valid,
+                                   level=self.importance_sampling_level, decoupled=self.use_decoupled_loss))
+        stats["actor/loss/normalizer"] = loss_normalizer(mask0, self.loss_agg_mode)
+        stats["actor/loss/normalizer_used/max"] = norm_used
+        return PolicyLossResult(loss, {k: v.detach() for k, v in stats.items()})
 
 
 def _common_stats(
@@ -278,74 +223,3 @@ def _common_stats(
             stats["actor/staleness"] = masked_mean(staleness, generated, n_valid)
             stats["actor/staleness/max"] = masked_max(staleness, generated)
     return stats
-
-
-@dataclass(frozen=True)
-class PolicyLossFn:
-    """A policy loss with every knob fixed: ``fn(inputs, normalizer=None) -> PolicyLossResult``.
-
-    Build it with :func:`bind_policy_loss`; the fields are the keyword arguments of :func:`policy_loss`
-    and are validated once, here, so a bad setting fails before the first micro-batch.
-    """
-
-    importance_sampling_level: str = "token"
-    eps_clip: float = 0.2
-    eps_clip_higher: float | None = None
-    c_clip: float | None = None
-    m2_threshold: float | None = None
-    use_sapo_loss: bool = False
-    sapo_tau_pos: float = 1.0
-    sapo_tau_neg: float = 1.05
-    use_decoupled_loss: bool = False
-    rejection: RejectionSettings | None = None
-    prox_logp_method: str = "recompute"
-    loss_agg_mode: str = "token-mean"
-    max_new_tokens: int | None = None
-
-    def __post_init__(self) -> None:
-        check_loss_settings(**self.settings())
-
-    def settings(self) -> dict[str, Any]:
-        """The bound keyword arguments of :func:`policy_loss`."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-    def __call__(self, inputs: PolicyLossInputs, normalizer: Normalizer | None = None) -> PolicyLossResult:
-        return policy_loss(inputs, normalizer=normalizer, **self.settings())
-
-
-def bind_policy_loss(config: Any) -> PolicyLossFn:
-    """Read the loss settings of an actor config (``PPOActorConfig``) once.
-
-    Rejection sampling is bound only with the decoupled loss (and never for SAPO); ``action=clamp``
-    without ``lower`` clamps from 0.
-    """
-    rs = config.rejection_sampling
-    rejection = None
-    if rs is not None and config.use_decoupled_loss and not config.use_sapo_loss:
-        lower = rs.lower
-        if rs.action == "clamp" and lower is None:
-            lower = 0.0
-        rejection = RejectionSettings(level=rs.level, action=rs.action, metric=rs.metric, upper=float(rs.upper),
-                                      lower=None if lower is None else float(lower), agg=rs.agg)
-    return PolicyLossFn(
-        importance_sampling_level=config.importance_sampling_level,
-        eps_clip=float(config.eps_clip),
-        eps_clip_higher=None if config.eps_clip_higher is None else float(config.eps_clip_higher),
-        c_clip=None if config.c_clip is None else float(config.c_clip),
-        m2_threshold=None if config.m2_threshold is None else float(config.m2_threshold),
-        use_sapo_loss=bool(config.use_sapo_loss),
-        sapo_tau_pos=float(config.sapo_tau_pos),
-        sapo_tau_neg=float(config.sapo_tau_neg),
-        use_decoupled_loss=bool(config.use_decoupled_loss),
-        rejection=rejection,
-        prox_logp_method=config.prox_logp_method,
-        loss_agg_mode=config.loss_agg_mode,
-        max_new_tokens=int(config.max_new_tokens),
-    )
-
-
-def compute_policy_loss(
-    inputs: PolicyLossInputs, config: Any, *, normalizer: Normalizer | None = None
-) -> PolicyLossResult:
-    """``bind_policy_loss(config)(inputs, normalizer)``; bind once and reuse the function in a loop."""
-    return bind_policy_loss(config)(inputs, normalizer)

@@ -5,6 +5,13 @@
   sequence's loss tokens, ``r_i = exp(mean_t(log pi_theta - log pi_base))``, shared by every token of
   the sequence and paired with the sequence-mean advantage.
 
+The log-ratio is clamped to ``[-LOG_RATIO_BOUND, LOG_RATIO_BOUND]`` before the exponential: one
+token whose log-probability moved by more than that (ratio beyond ``e^20``, about 5e8) would
+otherwise make the ratio ``inf`` and its gradient ``0 * inf = NaN``, and the whole optimizer step
+would be skipped; clamped, it simply gets no gradient through its ratio (the PPO clip would have
+cut it anyway). :data:`RATIOS` registers the levels by the name ``actor.importance_sampling_level``
+takes.
+
 All tensors are ``[B, S]``; ``mask`` is bool. Ratios are 0 outside the mask.
 """
 
@@ -14,15 +21,15 @@ import torch
 
 from .masked import row_mean
 
-IS_LEVELS = ("token", "sequence")
+LOG_RATIO_BOUND = 20.0
+"""The log importance ratio is clamped to +-20 before ``exp`` (see the module docstring)."""
 
 
 def masked_log_ratio(logp: torch.Tensor, base_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``[B, S]`` ``logp - base_logp`` on the mask, exactly 0 (with zero gradient) elsewhere.
-
-    Selecting before any exponential keeps padding garbage (e.g. -inf logprobs) out of the loss.
-    """
-    return torch.where(mask, logp - base_logp, 0.0)
+    """``[B, S]`` ``logp - base_logp`` on the mask, clamped to +-``LOG_RATIO_BOUND``; exactly 0 (with zero
+    gradient) elsewhere. Selecting before any exponential keeps padding garbage (e.g. -inf logprobs)
+    out of the loss."""
+    return torch.where(mask, (logp - base_logp).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND), 0.0)
 
 
 def token_ratio(logp: torch.Tensor, base_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -41,6 +48,20 @@ def sequence_mean_advantage(advantages: torch.Tensor, mask: torch.Tensor) -> tor
     return torch.where(mask, row_mean(advantages, mask).unsqueeze(-1), 0.0)
 
 
+def token_level(logp, base_logp, advantages, mask) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO: per-token ratios, the advantages as they are."""
+    return token_ratio(logp, base_logp, mask), torch.where(mask, advantages, 0.0)
+
+
+def sequence_level(logp, base_logp, advantages, mask) -> tuple[torch.Tensor, torch.Tensor]:
+    """GSPO: the sequence ratio and the sequence-mean advantage, on every loss token of the row."""
+    return sequence_ratio(logp, base_logp, mask), sequence_mean_advantage(advantages, mask)
+
+
+RATIOS = {"token": token_level, "sequence": sequence_level}
+IS_LEVELS = tuple(RATIOS)
+
+
 def importance_ratio(
     logp: torch.Tensor,
     base_logp: torch.Tensor,
@@ -49,14 +70,10 @@ def importance_ratio(
     *,
     level: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Ratio and matching advantages for ``level`` ``token`` or ``sequence``.
+    """Ratio and matching advantages for ``level`` (a key of :data:`RATIOS`).
 
     Returns:
         ``(ratio, advantages)``, both ``[B, S]`` and 0 outside ``mask``. At sequence level the
         advantages are replaced by the per-sequence mean, as GSPO defines its objective.
     """
-    if level == "token":
-        return token_ratio(logp, base_logp, mask), torch.where(mask, advantages, 0.0)
-    if level == "sequence":
-        return sequence_ratio(logp, base_logp, mask), sequence_mean_advantage(advantages, mask)
-    raise ValueError(f"Invalid importance_sampling_level {level!r}; must be one of {IS_LEVELS}.")
+    return RATIOS[level](logp, base_logp, advantages, mask)

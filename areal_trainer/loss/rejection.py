@@ -101,6 +101,36 @@ def _sequence_aggregate(value: torch.Tensor, mask: torch.Tensor, agg: str) -> to
     raise ValueError(f"rejection agg must be one of {RS_AGGS}; got {agg!r}.")
 
 
+def rejection_problems(key: str, *, level: str, action: str, metric: str, agg: str, upper: float,
+                       lower: float | None) -> list[str]:
+    """The rules of ``{key}`` (the ``rejection_sampling`` section); the enumerations are checked first."""
+    p = []
+    for name, value, choices in (("level", level, RS_LEVELS), ("action", action, RS_ACTIONS),
+                                 ("metric", metric, RS_METRICS), ("agg", agg, RS_AGGS)):
+        if value not in choices:
+            shown = ", ".join(repr(c) for c in choices)
+            p.append(f"{key}.{name}: got {value!r}; must be one of {shown}.")
+    if p:
+        return p
+    if lower is not None and lower > upper:
+        p.append(f"{key}.lower: got {lower} > upper={upper}; lower must not exceed upper.")
+    if metric == "ratio":
+        if upper <= 1.0:
+            p.append(f"{key}.upper: got {upper}; upper must be > 1.0 for metric 'ratio' "
+                     "(a ratio of 1 means on-policy; IcePop uses 5.0).")
+        if lower is not None and lower <= 0:
+            p.append(f"{key}.lower: got {lower}; lower must be positive for metric 'ratio' (IcePop uses 0.5).")
+    if metric in ("kl_k2", "kl_k3", "binary_kl") and upper <= 0:
+        p.append(f"{key}.upper: got {upper}; upper must be > 0 for metric '{metric}'.")
+    if action == "clamp" and metric != "ratio":
+        p.append(f"{key}.action: action='clamp' only supports metric='ratio' (got metric={metric!r}); "
+                 "use action=mask.")
+    if metric == "binary_kl" and lower is not None:
+        p.append(f"{key}.lower: got {lower}; metric 'binary_kl' (KPop) masks only above `upper`, "
+                 f"remove `lower` ({key}.lower=null).")
+    return p
+
+
 def apply_rejection_sampling(
     prox_logp: torch.Tensor,
     behav_logp: torch.Tensor,
@@ -128,12 +158,6 @@ def apply_rejection_sampling(
     Returns:
         A :class:`RejectionResult`; the input ``mask`` is not modified.
     """
-    for name, value, choices in (("level", level, RS_LEVELS), ("action", action, RS_ACTIONS),
-                                 ("metric", metric, RS_METRICS), ("agg", agg, RS_AGGS)):
-        if value not in choices:
-            raise ValueError(f"rejection {name} must be one of {choices}; got {value!r}.")
-    if action == "clamp" and metric != "ratio":
-        raise ValueError(f"action='clamp' only supports metric='ratio'; got metric={metric!r}.")
     if prox_logp.shape != behav_logp.shape or prox_logp.shape != mask.shape or prox_logp.dim() != 2:
         raise ValueError(f"prox, behav and mask must share one [B, S] shape; got {tuple(prox_logp.shape)}, "
                          f"{tuple(behav_logp.shape)}, {tuple(mask.shape)}.")

@@ -26,12 +26,12 @@ from tqdm.auto import tqdm
 
 from .. import fsdp
 from ..advantage.stages import resolve_advantage
+from ..config.loss import bind_policy_loss
 from ..config.schema import TrainerConfig
 from ..data.datasets import build_samples
 from ..data.loader import PromptLoader
 from ..dist import init_distributed
 from ..errors import UserError
-from ..loss import bind_policy_loss
 from ..model.load import autocast_dtype, load_causal_lm, load_tokenizer, resolve_device
 from ..plugins import import_object
 from ..reward.runner import RewardRunner

@@ -15,8 +15,8 @@ from torch.distributed.tensor import DTensor
 from areal_trainer import fsdp
 from areal_trainer.advantage.stages import resolve_advantage
 from areal_trainer.config import load_config
+from areal_trainer.config.loss import bind_policy_loss
 from areal_trainer.dist import init_distributed
-from areal_trainer.loss import bind_policy_loss
 from areal_trainer.model.builtin import build_model, build_tokenizer
 from areal_trainer.rollout.batch import concat_groups, make_row, stack_rows
 from areal_trainer.rollout.types import Segment

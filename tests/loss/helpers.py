@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import torch
 
-from areal_trainer.config import PPOActorConfig, RejectionSamplingConfig
-from areal_trainer.loss import PolicyLogprobs, PolicyLossInputs
+from areal_trainer.config import PPOActorConfig, RejectionSamplingConfig, StageConfig
+from areal_trainer.config.loss import bind_policy_loss
+from areal_trainer.config.parts import PolicyLossConfig
+from areal_trainer.loss import PolicyLogprobs, PolicyLossInputs, RejectionSettings
 
 
 def t(rows, dtype=torch.float32) -> torch.Tensor:
@@ -22,11 +25,23 @@ def mask_of(rows) -> torch.Tensor:
 def actor_config(**kwargs) -> PPOActorConfig:
     """A validated actor config; the advisory warnings (e.g. decoupled without RS) are silenced."""
     rs = kwargs.pop("rejection_sampling", None)
+    loss = kwargs.pop("loss", None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         if isinstance(rs, dict):
             rs = RejectionSamplingConfig(**rs)
-        return PPOActorConfig(rejection_sampling=rs, **kwargs)
+        if isinstance(loss, dict):
+            loss = PolicyLossConfig(**{k: StageConfig(**v) for k, v in loss.items()})
+        return PPOActorConfig(rejection_sampling=rs, loss=loss or PolicyLossConfig(), **kwargs)
+
+
+def loss_fn(**kwargs):
+    """The policy loss an actor config with these keys binds (``rejection``: a ``RejectionSettings``,
+    turned into the ``rejection_sampling`` section)."""
+    rs = kwargs.pop("rejection", None)
+    if isinstance(rs, RejectionSettings):
+        kwargs["rejection_sampling"] = dataclasses.asdict(rs)
+    return bind_policy_loss(actor_config(**kwargs))
 
 
 def loss_inputs(logp, prox, behav, adv, mask, *, versions=None, current_version=None, entropy=None

@@ -4,15 +4,15 @@ import pytest
 import torch
 
 from areal_trainer.loss import (
-    PolicyLossFn,
     RejectionSettings,
     aggregate_loss,
     explained_variance,
     loss_normalizer,
     value_loss,
 )
+from areal_trainer.loss.aggregate import aggregation_problems
 
-from .helpers import inputs, mask_of, t
+from .helpers import inputs, loss_fn, mask_of, t
 
 # Three rows: lengths 3, 1 and 0 (an all-padding row never counts as a sequence).
 TOKEN_LOSS = t([[1, 2, 3, 0], [4, 0, 0, 0], [0, 0, 0, 0]])
@@ -49,13 +49,12 @@ def test_empty_step_gives_zero_not_nan():
     assert loss_normalizer(torch.zeros(2, 3), "token-mean").item() == 0.0
 
 
-def test_invalid_mode_and_missing_max_new_tokens():
-    with pytest.raises(ValueError, match="loss_agg_mode"):
-        loss_normalizer(MASK, "sum")
-    with pytest.raises(ValueError, match="max_new_tokens"):
-        aggregate_loss(TOKEN_LOSS, MASK, mode="seq-mean-token-sum-norm")
-    with pytest.raises(ValueError, match="max_new_tokens"):
-        PolicyLossFn(loss_agg_mode="seq-mean-token-sum-norm")
+def test_invalid_mode_and_missing_max_new_tokens_are_configuration_errors():
+    with pytest.raises(ValueError, match="loss_agg_mode: got 'sum'; must be one of 'token-mean'"):
+        loss_fn(loss_agg_mode="sum")
+    assert aggregation_problems("actor", loss_agg_mode="seq-mean-token-sum-norm", max_new_tokens=None) == [
+        "actor.loss_agg_mode='seq-mean-token-sum-norm' needs actor.max_new_tokens > 0; got None."]
+    assert aggregation_problems("actor", loss_agg_mode="token-mean", max_new_tokens=None) == []
 
 
 def test_two_micro_batches_sum_to_the_full_aggregate():
@@ -70,7 +69,7 @@ def test_two_micro_batches_sum_to_the_full_aggregate():
 def test_rejected_tokens_keep_counting_in_sequence_lengths():
     # Row of 2 tokens, A = 1, ratio 1; IcePop drops token 1 (prox - behav = 3 -> ratio 20 > 5).
     # seq-mean-token-mean: the row's mean divides by its pre-filter length 2: (-1 * w) / 2 with w = 1 -> -0.5.
-    fn = PolicyLossFn(use_decoupled_loss=True, loss_agg_mode="seq-mean-token-mean",
+    fn = loss_fn(use_decoupled_loss=True, loss_agg_mode="seq-mean-token-mean",
                       rejection=RejectionSettings())
     res = fn(inputs(t([[0.0, 3.0]]), t([[1.0, 1.0]]), [[1, 1]], prox=t([[0.0, 3.0]]), behav=t([[0.0, 0.0]])))
     assert res.loss.item() == pytest.approx(-0.5)
@@ -79,7 +78,7 @@ def test_rejected_tokens_keep_counting_in_sequence_lengths():
 
 def test_dr_grpo_normaliser_in_the_policy_loss():
     # Ratio 1; rows of 3 and 1 tokens with A = 1: token sums -3 and -1, each / 16, mean over 2 rows -> -0.125.
-    fn = PolicyLossFn(loss_agg_mode="seq-mean-token-sum-norm", max_new_tokens=16)
+    fn = loss_fn(loss_agg_mode="seq-mean-token-sum-norm", max_new_tokens=16)
     res = fn(inputs(torch.zeros(2, 3), torch.ones(2, 3), [[1, 1, 1], [1, 0, 0]]))
     assert res.loss.item() == pytest.approx(-0.125)
     assert res.stats["actor/loss/normalizer"].item() == 2

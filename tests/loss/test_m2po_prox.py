@@ -6,13 +6,12 @@ import pytest
 import torch
 
 from areal_trainer.loss import (
-    PolicyLossFn,
     approximate_prox_logp,
     m2po_mask,
     version_alpha,
 )
 
-from .helpers import inputs, loss_inputs, mask_of, t
+from .helpers import inputs, loss_fn, loss_inputs, mask_of, t
 
 
 def m2_inputs(m2_values):
@@ -64,7 +63,7 @@ def test_m2po_normalises_by_the_pre_filter_count():
     # 4 tokens, A = 1, ratio 1 (logp = prox = 0), m2 as in the truth table -> 2 kept.
     # Loss = -(1 + 1) / 4 = -0.5 (pre-filter count), not -1 (post-filter count).
     behav, prox = m2_inputs([0.5, 0.1, 0.02, 0.01])
-    res = PolicyLossFn(m2_threshold=0.04)(inputs(prox, t([[1.0] * 4]), [[1] * 4], prox=prox, behav=behav))
+    res = loss_fn(m2_threshold=0.04)(inputs(prox, t([[1.0] * 4]), [[1] * 4], prox=prox, behav=behav))
     assert res.loss.item() == pytest.approx(-0.5)
     assert res.stats["actor/m2po/masked_frac"].item() == pytest.approx(0.5)
     assert res.stats["actor/n_valid_tokens"].item() == 4
@@ -116,18 +115,18 @@ def _no_prox(logp, versions, current_version=2):
 
 def test_missing_prox_requires_loglinear():
     with pytest.raises(ValueError, match="loglinear"):
-        PolicyLossFn(prox_logp_method="recompute", use_decoupled_loss=True)(_no_prox([[-1.5, -1.5]], None))
+        loss_fn(prox_logp_method="recompute", use_decoupled_loss=True)(_no_prox([[-1.5, -1.5]], None))
 
 
 def test_missing_prox_requires_versions():
     with pytest.raises(ValueError, match="versions"):
-        PolicyLossFn(prox_logp_method="loglinear", use_decoupled_loss=True)(_no_prox([[-1.5, -1.5]], None))
+        loss_fn(prox_logp_method="loglinear", use_decoupled_loss=True)(_no_prox([[-1.5, -1.5]], None))
 
 
 def test_loglinear_prox_in_the_loss():
     # Versions 0, v_theta 2: prox = -1 + 0.5 (-1.5 + 1) = -1.25 for both tokens; ratio = exp(-1.5 + 1.25)
     # = e^-0.25 = 0.7788, inside the clip range [0.6, 1.4], so loss = -A r = -0.7788 (A = 1).
-    fn = PolicyLossFn(prox_logp_method="loglinear", use_decoupled_loss=True, eps_clip=0.4)
+    fn = loss_fn(prox_logp_method="loglinear", use_decoupled_loss=True, eps_clip=0.4)
     res = fn(_no_prox([[-1.5, -1.5]], torch.tensor([[0, 0]])))
     assert res.loss.item() == pytest.approx(-math.exp(-0.25), rel=1e-6)
     assert res.stats["actor/prox_approx/alpha"].item() == pytest.approx(0.5)
@@ -136,7 +135,7 @@ def test_loglinear_prox_in_the_loss():
 def test_metrics_mode_logs_every_approximation():
     inp = inputs(t([[-1.5, -2.2]]), t([[1.0, 1.0]]), [[1, 1]], prox=t([[-1.3, -2.0]]), behav=t([[-1.0, -2.0]]),
                  versions=torch.tensor([[0, 2]]), current_version=4)
-    res = PolicyLossFn(prox_logp_method="metrics", use_decoupled_loss=True)(inp)
+    res = loss_fn(prox_logp_method="metrics", use_decoupled_loss=True)(inp)
     for m in ("loglinear", "linear", "rollout"):
         for e in ("abs_err", "rel_err", "sq_err", "weight_abs_err"):
             assert f"actor/prox_approx/{m}/{e}" in res.stats
@@ -147,10 +146,10 @@ def test_metrics_mode_logs_every_approximation():
 
 
 def test_recompute_mode_logs_no_approximation():
-    res = PolicyLossFn(use_decoupled_loss=True)(inputs(t([[-1.0]]), t([[1.0]]), [[1]]))
+    res = loss_fn(use_decoupled_loss=True)(inputs(t([[-1.0]]), t([[1.0]]), [[1]]))
     assert not any(k.startswith("actor/prox_approx") for k in res.stats)
 
 
 def test_metrics_mode_needs_versions():
     with pytest.raises(ValueError, match="versions"):
-        PolicyLossFn(prox_logp_method="metrics", use_decoupled_loss=True)(inputs(t([[-1.0]]), t([[1.0]]), [[1]]))
+        loss_fn(prox_logp_method="metrics", use_decoupled_loss=True)(inputs(t([[-1.0]]), t([[1.0]]), [[1]]))

@@ -7,10 +7,9 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from areal_trainer.config.base import deferred_validation
+from areal_trainer.config.loss import bind_policy_loss
 from areal_trainer.loss import (
     PolicyLossInputs,
-    bind_policy_loss,
-    compute_policy_loss,
     loss_normalizer,
     reduce_stats,
     reduction_of,
@@ -35,13 +34,14 @@ def random_inputs(seed=0, b=4, s=6, spread=0.3, **extra):
 
 # -- binder -------------------------------------------------------------------------------------
 
-def test_compute_equals_bound_function():
+def test_binder_reads_the_surrogate_settings_from_the_actor_keys():
     cfg = actor_config(eps_clip=0.3, eps_clip_higher=0.4, c_clip=2.0, importance_sampling_level="sequence")
     fn = bind_policy_loss(cfg)
-    assert (fn.eps_clip, fn.eps_clip_higher, fn.c_clip, fn.importance_sampling_level) == (0.3, 0.4, 2.0, "sequence")
-    a = compute_policy_loss(random_inputs(), cfg).loss
-    b = fn(random_inputs()).loss
-    assert torch.equal(a, b)
+    assert fn.surrogate.name == "clip" and fn.importance_sampling_level == "sequence"
+    assert dict(fn.surrogate.settings) == {"eps_clip": 0.3, "eps_clip_higher": 0.4, "c_clip": 2.0}
+    assert torch.equal(fn(random_inputs()).loss, bind_policy_loss(cfg)(random_inputs()).loss)
+    sapo = bind_policy_loss(actor_config(use_sapo_loss=True, sapo_tau_neg=2.0))
+    assert sapo.surrogate.name == "sapo" and dict(sapo.surrogate.settings) == {"sapo_tau_pos": 1.0, "sapo_tau_neg": 2.0}
 
 
 def test_binder_skips_rejection_sampling_without_the_decoupled_loss():

@@ -9,7 +9,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from areal_trainer.loss import (
-    PolicyLossFn,
     PolicyLossInputs,
     RejectionSettings,
     apply_rejection_sampling,
@@ -21,7 +20,7 @@ from areal_trainer.loss import (
 )
 from areal_trainer.loss.m2po import second_moment
 
-from .helpers import loss_inputs
+from .helpers import loss_fn, loss_inputs
 
 # LOSS_PROPERTY_EXAMPLES=1000 runs a deeper search than the default quick one.
 SETTINGS = settings(max_examples=int(os.environ.get("LOSS_PROPERTY_EXAMPLES", "30")), deadline=None)
@@ -32,7 +31,7 @@ RS_VARIANTS = [
     RejectionSettings(metric="binary_kl", upper=0.3),
     RejectionSettings(level="sequence", metric="kl_k3", agg="max", upper=0.2),
     RejectionSettings(level="sequence", agg="sum", upper=2.0, lower=0.5),
-    RejectionSettings(action="clamp", upper=1.5, lower=0.0),
+    RejectionSettings(action="clamp", upper=1.5),  # clamps from 0
     RejectionSettings(level="sequence", action="clamp", upper=1.2, lower=0.9),
 ]
 
@@ -74,14 +73,14 @@ def build(seed: int, b: int, s: int, *, ratio_one: bool = False, spread: float =
     return loss_inputs(logp.clone().requires_grad_(), prox.clone(), behav.clone(), adv, mask, **extra)
 
 
-def run(fn: PolicyLossFn, inp: PolicyLossInputs, normalizer=None):
+def run(fn, inp: PolicyLossInputs, normalizer=None):
     res = fn(inp, normalizer=normalizer)
     (grad,) = torch.autograd.grad(res.loss, inp.logprobs, allow_unused=False)
     return res, grad
 
 
-def fn_of(kwargs: dict, mode: str = "token-mean") -> PolicyLossFn:
-    return PolicyLossFn(loss_agg_mode=mode, max_new_tokens=7, **kwargs)
+def fn_of(kwargs: dict, mode: str = "token-mean") :
+    return loss_fn(loss_agg_mode=mode, max_new_tokens=7, **kwargs)
 
 
 shapes = dict(seed=st.integers(0, 2**31 - 1), b=st.integers(1, 4), s=st.integers(1, 6))

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from areal_trainer.loss import apply_rejection_sampling, binary_kl
-from areal_trainer.loss.rejection import bernoulli_kl
+from areal_trainer.loss.rejection import bernoulli_kl, rejection_problems
 
 from .helpers import mask_of, t
 
@@ -110,8 +110,10 @@ def test_legacy_cap_equivalence():
 
 
 def test_clamp_requires_the_ratio_metric():
-    with pytest.raises(ValueError, match="clamp"):
-        rs([[0.0]], action="clamp", metric="kl_k2")
+    problems = rejection_problems("actor.rejection_sampling", level="token", action="clamp", metric="kl_k2",
+                                  agg="mean", upper=1.0, lower=None)
+    assert problems == ["actor.rejection_sampling.action: action='clamp' only supports metric='ratio' "
+                        "(got metric='kl_k2'); use action=mask."]
 
 
 # -- KL metrics ---------------------------------------------------------------------------------

@@ -6,21 +6,19 @@ import pytest
 import torch
 
 from areal_trainer.loss import (
-    PolicyLossFn,
     clip_ratio,
     clipped_surrogate,
     dual_clip,
-    importance_ratio,
-    sapo_gate,
     sapo_surrogate,
     sequence_mean_advantage,
     sequence_ratio,
 )
+from areal_trainer.loss.surrogate import clip_problems, sapo_problems
 
-from .helpers import inputs, mask_of, t
+from .helpers import inputs, loss_fn, mask_of, t
 
-GSPO = PolicyLossFn(importance_sampling_level="sequence")
-PPO = PolicyLossFn()
+GSPO = loss_fn(importance_sampling_level="sequence")
+PPO = loss_fn()
 
 
 # -- GSPO -------------------------------------------------------------------------------------
@@ -67,10 +65,8 @@ def test_sequence_and_token_levels_differ_on_non_uniform_data():
 
 
 def test_invalid_importance_sampling_level():
-    with pytest.raises(ValueError, match="Invalid importance_sampling_level"):
-        PolicyLossFn(importance_sampling_level="turn")
-    with pytest.raises(ValueError, match="Invalid importance_sampling_level"):
-        importance_ratio(t([[0.0]]), t([[0.0]]), t([[1.0]]), mask_of([[1]]), level="group")
+    with pytest.raises(ValueError, match="importance_sampling_level: got 'turn'; must be one of 'token', 'sequence'"):
+        loss_fn(importance_sampling_level="turn")
 
 
 # -- PPO clip -----------------------------------------------------------------------------------
@@ -98,7 +94,7 @@ def test_asymmetric_clip_in_the_full_loss():
     # One token, A = +1, logp - prox = ln 1.5: loss = -min(1.5, 1.28) = -1.28 with eps_high 0.28,
     # and -1.2 with the symmetric default.
     lp = t([[math.log(1.5)]])
-    asym = PolicyLossFn(eps_clip=0.2, eps_clip_higher=0.28)(inputs(lp, t([[1.0]]), [[1]], prox=t([[0.0]])))
+    asym = loss_fn(eps_clip=0.2, eps_clip_higher=0.28)(inputs(lp, t([[1.0]]), [[1]], prox=t([[0.0]])))
     sym = PPO(inputs(lp, t([[1.0]]), [[1]], prox=t([[0.0]])))
     assert asym.loss.item() == pytest.approx(-1.28, rel=1e-6)
     assert sym.loss.item() == pytest.approx(-1.2, rel=1e-6)
@@ -118,17 +114,17 @@ def test_dual_clip_example():
 def test_dual_clip_in_the_full_loss_and_positive_advantages_untouched():
     # Token 0 is the example above (loss 3, dual-clipped); token 1 has A = +1, r = 5 -> -1.2 (high clip).
     # Token mean (3 - 1.2) / 2 = 0.9.
-    fn = PolicyLossFn(eps_clip=0.2, c_clip=3.0)
+    fn = loss_fn(eps_clip=0.2, c_clip=3.0)
     res = fn(inputs(t([[math.log(5.0), math.log(5.0)]]), t([[-1.0, 1.0]]), [[1, 1]], prox=t([[0.0, 0.0]])))
     assert res.loss.item() == pytest.approx(0.9, rel=1e-6)
     assert res.stats["actor/dual_clip_frac"].item() == pytest.approx(0.5)
 
 
 def test_dual_clip_rejects_c_not_above_one():
-    with pytest.raises(ValueError, match="c_clip"):
-        dual_clip(t([[1.0]]), t([[-1.0]]), c_clip=1.0)
-    with pytest.raises(ValueError, match="c_clip"):
-        PolicyLossFn(c_clip=0.5)
+    assert clip_problems("actor", eps_clip=0.2, c_clip=1.0) == [
+        "actor.c_clip: got 1.0; the dual-clip constant must be > 1 (3.0 is usual), or null to disable."]
+    with pytest.raises(ValueError, match="c_clip: got 0.5"):
+        loss_fn(c_clip=0.5)
 
 
 # -- SAPO -----------------------------------------------------------------------------------------
@@ -137,7 +133,7 @@ def test_sapo_known_value():
     # r = 1, A = 1, tau = 1: gate = (4/1) * sigmoid(0) = 2, loss = -2 * 1 = -2.
     loss, gate, _, _ = sapo_surrogate(t([[1.0]]), t([[1.0]]), tau_pos=1.0, tau_neg=1.0)
     assert gate.item() == pytest.approx(2.0) and loss.item() == pytest.approx(-2.0)
-    res = PolicyLossFn(use_sapo_loss=True, sapo_tau_pos=1.0)(inputs(t([[-0.7]]), t([[1.0]]), [[1]]))
+    res = loss_fn(use_sapo_loss=True, sapo_tau_pos=1.0)(inputs(t([[-0.7]]), t([[1.0]]), [[1]]))
     assert res.loss.item() == pytest.approx(-2.0)
     assert res.stats["actor/sapo/gate"].item() == pytest.approx(2.0)
 
@@ -155,16 +151,16 @@ def test_sapo_gate_selection_by_advantage_sign():
 
 def test_sapo_ratio_uses_the_behaviour_policy():
     # prox differs from behav, but SAPO ignores prox: r = exp(logp - behav) = 1 -> loss -2 (tau 1, A 1).
-    res = PolicyLossFn(use_sapo_loss=True)(inputs(t([[-1.0]]), t([[1.0]]), [[1]], prox=t([[-3.0]]), behav=t([[-1.0]])))
+    res = loss_fn(use_sapo_loss=True)(inputs(t([[-1.0]]), t([[1.0]]), [[1]], prox=t([[-3.0]]), behav=t([[-1.0]])))
     assert res.loss.item() == pytest.approx(-2.0)
 
 
 @pytest.mark.parametrize("tau", [0.0, -1.0])
 def test_sapo_rejects_non_positive_tau(tau):
+    assert sapo_problems("actor", sapo_tau_pos=1.0, sapo_tau_neg=tau) == [
+        f"actor.sapo_tau_neg: got {tau}; SAPO temperatures must be positive."]
     with pytest.raises(ValueError, match="must be positive"):
-        sapo_gate(t([[1.0]]), tau)
-    with pytest.raises(ValueError, match="must be positive"):
-        PolicyLossFn(use_sapo_loss=True, sapo_tau_neg=tau)
+        loss_fn(use_sapo_loss=True, sapo_tau_neg=tau)
 
 
 def test_sapo_gradient_at_ratio_one_is_independent_of_tau():
@@ -174,7 +170,7 @@ def test_sapo_gradient_at_ratio_one_is_independent_of_tau():
     grads = []
     for tau in (1.0, 2.0):
         inp = inputs(t([[-0.5, -1.0, -2.0, -3.0]]), adv, mask)
-        PolicyLossFn(use_sapo_loss=True, sapo_tau_pos=tau, sapo_tau_neg=tau)(inp).loss.backward()
+        loss_fn(use_sapo_loss=True, sapo_tau_pos=tau, sapo_tau_neg=tau)(inp).loss.backward()
         grads.append(inp.logprobs.grad)
     assert torch.allclose(grads[0], grads[1])
     assert torch.allclose(grads[0], t([[-1 / 3, 2 / 3, -0.5 / 3, 0.0]]))
@@ -184,7 +180,7 @@ def test_sapo_masked_mean():
     # mask [T, T, F, F]: loss = -sum over the first two of 4 sigmoid(r - 1) A / 2 (tau 1).
     logp, behav = t([[0.2, -0.1, 3.0, 3.0]]), torch.zeros(1, 4)
     adv = t([[1.0, 2.0, 5.0, 5.0]])
-    res = PolicyLossFn(use_sapo_loss=True, sapo_tau_pos=1.0)(inputs(logp, adv, [[1, 1, 0, 0]], behav=behav))
+    res = loss_fn(use_sapo_loss=True, sapo_tau_pos=1.0)(inputs(logp, adv, [[1, 1, 0, 0]], behav=behav))
     r = torch.exp(logp[0, :2])
     expected = -(4 * torch.sigmoid(r - 1) * adv[0, :2]).sum() / 2
     assert res.loss.item() == pytest.approx(expected.item(), rel=1e-6)
@@ -192,12 +188,12 @@ def test_sapo_masked_mean():
 
 def test_sapo_with_decoupled_loss_is_rejected():
     with pytest.raises(ValueError, match="SAPO is not compatible"):
-        PolicyLossFn(use_sapo_loss=True, use_decoupled_loss=True)
+        loss_fn(use_sapo_loss=True, use_decoupled_loss=True)
 
 
 # -- edge cases ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("fn", [PPO, GSPO, PolicyLossFn(use_sapo_loss=True), PolicyLossFn(c_clip=3.0)])
+@pytest.mark.parametrize("fn", [PPO, GSPO, loss_fn(use_sapo_loss=True), loss_fn(c_clip=3.0)])
 def test_all_masked_gives_zero_loss_and_zero_grad(fn):
     inp = inputs(t([[-1.0, -2.0]]), t([[3.0, -3.0]]), [[0, 0]], prox=t([[0.0, 0.0]]))
     res = fn(inp)

@@ -6,8 +6,8 @@ import copy
 import torch
 
 from areal_trainer.config import load_config
+from areal_trainer.config.loss import bind_policy_loss
 from areal_trainer.config.parts import MicroBatchSpec
-from areal_trainer.loss import bind_policy_loss
 from areal_trainer.model.builtin import build_model, build_tokenizer
 from areal_trainer.train.step import policy_update
 from areal_trainer.train.update import balanced_partition, micro_batches

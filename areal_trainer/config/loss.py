@@ -1,0 +1,176 @@
+"""Binding the actor's policy-loss settings to the loss's stages, once, at start-up.
+
+``bind_policy_loss(actor_cfg)`` reads AReaL's keys (``eps_clip``, ``use_sapo_loss``,
+``rejection_sampling``, ...) and ``actor.loss`` and returns the callable the update uses:
+
+* ``actor.loss.surrogate.implementation``: ``auto`` (``sapo`` with ``use_sapo_loss``, else ``clip``),
+  a built-in name (``loss.surrogate.SURROGATES``) or an import path ``package.module.function`` of a
+  ``fn(SurrogateInputs, **kwargs) -> SurrogateResult`` (its kwargs from ``actor.loss.surrogate.kwargs``).
+  A built-in reads its settings from the ``actor`` keys named like its keyword arguments.
+* ``actor.loss.compute.implementation``: ``default`` (the staged loss), or an import path of a whole
+  ``fn(PolicyLossInputs, *, normalizer, **kwargs) -> PolicyLossResult``.
+
+Every problem is reported as one ``ConfigError`` naming the keys; a user function's output is
+checked at every call (shape, finiteness, a scalar loss and a dict of scalar stats) and a bad one
+stops the run naming the function.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..errors import ConfigError, UserError, one_of
+from ..loss import SURROGATES, BoundSurrogate, PolicyLoss, PolicyLossResult, RejectionSettings, Surrogate
+from ..loss.aggregate import aggregation_problems
+from ..loss.m2po import m2po_problems
+from ..plugins import PluginError, resolve
+
+
+def _settings(fn: Callable, actor) -> dict[str, Any]:
+    """The keyword-only arguments of a built-in surrogate, read from the ``actor`` keys of the same names."""
+    names = [n for n, p in inspect.signature(fn).parameters.items() if p.kind is p.KEYWORD_ONLY]
+    return {n: getattr(actor, n) for n in names}
+
+
+def _surrogate_name(actor) -> str:
+    stage = actor.loss.surrogate
+    impl = "auto" if stage is None else stage.implementation
+    if impl == "auto":
+        return "sapo" if actor.use_sapo_loss else "clip"
+    return impl
+
+
+def policy_loss_problems(key: str, actor) -> list[str]:
+    """The rules of the policy loss on an actor config (without importing user functions). The settings
+    of every built-in surrogate are ``actor`` keys and are checked whichever surrogate is chosen."""
+    p = m2po_problems(key, m2_threshold=actor.m2_threshold)
+    for spec in SURROGATES.values():
+        if spec.problems is not None:
+            p += [x for x in spec.problems(key, **_settings(spec.fn, actor)) if x not in p]
+    p += aggregation_problems(key, loss_agg_mode=actor.loss_agg_mode, max_new_tokens=actor.max_new_tokens)
+    stage, compute = actor.loss.surrogate, actor.loss.compute
+    replaced = compute is not None and compute.implementation != "default"
+    if replaced and stage is not None:
+        p.append(f"{key}.loss.compute.implementation={compute.implementation!r} replaces the whole policy loss and "
+                 f"cannot be combined with {key}.loss.surrogate; set it to null.")
+    name = _surrogate_name(actor)
+    if stage is not None and stage.implementation not in ("auto", "sapo") and actor.use_sapo_loss:
+        p.append(f"{key}.use_sapo_loss=true conflicts with {key}.loss.surrogate.implementation={name!r}; "
+                 f"set {key}.use_sapo_loss=false, or the surrogate to sapo.")
+    if "." in name:
+        return p
+    if name not in SURROGATES:
+        return p + one_of(f"{key}.loss.surrogate.implementation", name, ("auto", *SURROGATES),
+                          "Or give an import path 'package.module.function'.")
+    spec = SURROGATES[name]
+    if stage is not None and stage.kwargs:
+        settings = ", ".join(f"{key}.{n}" for n in _settings(spec.fn, actor)) or "no keys"
+        p.append(f"{key}.loss.surrogate.kwargs: the built-in {name!r} reads its settings from {settings}; set those "
+                 "instead (kwargs are for surrogates given by import path).")
+    if actor.use_decoupled_loss and not spec.decoupled:
+        what = f"{key}.use_sapo_loss: SAPO" if name == "sapo" else f"{key}.loss.surrogate {name!r}"
+        p.append(f"{what} is not compatible with use_decoupled_loss=true; set {key}.use_decoupled_loss=false.")
+    return p
+
+
+def bind_policy_loss(actor, key: str = "actor") -> Callable[..., PolicyLossResult]:
+    """The policy loss ``actor`` selects, bound once; raises ``ConfigError`` listing every problem."""
+    problems = policy_loss_problems(key, actor)
+    compute = actor.loss.compute
+    if compute is not None and compute.implementation != "default":
+        fn = _resolve(compute.implementation, f"{key}.loss.compute.implementation", compute.kwargs, problems,
+                      n_positional=1, extra={"normalizer": None})
+        if problems:
+            raise ConfigError(list(dict.fromkeys(problems)))
+        return CheckedLoss(fn, dict(compute.kwargs), f"{key}.loss.compute.implementation ({compute.implementation})")
+    name = _surrogate_name(actor)
+    if "." in name:
+        stage = actor.loss.surrogate
+        fn = _resolve(name, f"{key}.loss.surrogate.implementation", stage.kwargs, problems, n_positional=1)
+        surrogate = BoundSurrogate(name, Surrogate(_checked_surrogate(fn, f"{key}.loss.surrogate ({name})")),
+                                   dict(stage.kwargs))
+    elif name in SURROGATES:
+        surrogate = BoundSurrogate(name, SURROGATES[name], _settings(SURROGATES[name].fn, actor))
+    if problems:
+        raise ConfigError(list(dict.fromkeys(problems)))
+    return PolicyLoss(
+        surrogate=surrogate, importance_sampling_level=actor.importance_sampling_level,
+        use_decoupled_loss=bool(actor.use_decoupled_loss), rejection=_rejection(actor),
+        m2_threshold=None if actor.m2_threshold is None else float(actor.m2_threshold),
+        prox_logp_method=actor.prox_logp_method, loss_agg_mode=actor.loss_agg_mode,
+        max_new_tokens=int(actor.max_new_tokens))
+
+
+def _rejection(actor) -> RejectionSettings | None:
+    """Rejection sampling is bound only with the decoupled loss; ``action=clamp`` without ``lower``
+    clamps from 0."""
+    rs = actor.rejection_sampling
+    if rs is None or not actor.use_decoupled_loss:
+        return None
+    lower = 0.0 if rs.action == "clamp" and rs.lower is None else rs.lower
+    return RejectionSettings(level=rs.level, action=rs.action, metric=rs.metric, upper=float(rs.upper),
+                             lower=None if lower is None else float(lower), agg=rs.agg)
+
+
+def _resolve(path: str, key: str, kwargs, problems: list[str], *, n_positional: int, extra=None) -> Callable | None:
+    try:
+        return resolve(path, key, {**(extra or {}), **dict(kwargs or {})}, n_positional=n_positional)
+    except PluginError as e:
+        problems.append(str(e))
+        return None
+
+
+def _fail(label: str, what: str) -> None:
+    raise UserError(f"{label}: {what}")
+
+
+def _check_stats(label: str, stats: Any) -> None:
+    if not isinstance(stats, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) and v.dim() == 0
+                                              for k, v in stats.items()):
+        _fail(label, "stats must be a dict of str -> 0-dim tensors (use {} for none).")
+
+
+def _checked_surrogate(fn: Callable, label: str) -> Callable:
+    """``fn`` with its output checked at every call: ``(token_loss [B, S], stats)``, finite on the mask."""
+    from ..loss import SurrogateResult
+
+    def call(x, **kwargs):
+        out = fn(x, **kwargs)
+        if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], torch.Tensor)):
+            _fail(label, f"must return SurrogateResult(token_loss, stats); got {type(out).__name__}.")
+        token_loss, stats = out
+        if tuple(token_loss.shape) != tuple(x.ratio.shape):
+            _fail(label, f"token_loss has shape {tuple(token_loss.shape)}; expected {tuple(x.ratio.shape)} like the ratio.")
+        if not bool(torch.isfinite(torch.where(x.mask, token_loss.detach(), 0.0)).all()):
+            _fail(label, "token_loss has NaN or inf on loss tokens.")
+        _check_stats(label, stats)
+        return SurrogateResult(token_loss, stats)
+
+    call.__qualname__ = getattr(fn, "__qualname__", "surrogate")
+    return call
+
+
+class CheckedLoss:
+    """A user's whole policy loss, with its output checked at every call."""
+
+    def __init__(self, fn: Callable, kwargs: dict, label: str):
+        self.fn, self.kwargs, self.label = fn, kwargs, label
+
+    def __call__(self, inputs, normalizer=None) -> PolicyLossResult:
+        out = self.fn(inputs, normalizer=normalizer, **self.kwargs)
+        if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], torch.Tensor)):
+            _fail(self.label, f"must return PolicyLossResult(loss, stats); got {type(out).__name__}.")
+        loss, stats = out
+        if loss.dim() != 0 or not loss.is_floating_point():
+            _fail(self.label, f"the loss must be a 0-dim float tensor; got shape {tuple(loss.shape)}, {loss.dtype}.")
+        if not bool(torch.isfinite(loss.detach())):
+            _fail(self.label, f"the loss is {float(loss)}; it must be finite.")
+        _check_stats(self.label, stats)
+        return PolicyLossResult(loss, stats)
+
+    def __repr__(self) -> str:
+        return f"CheckedLoss({self.label})"

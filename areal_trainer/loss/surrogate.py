@@ -1,0 +1,177 @@
+"""Per-token surrogate losses, the registered stage of the policy loss that turns importance ratios
+and advantages into a loss per token.
+
+* ``clip``, PPO (arXiv:1707.06347): ``l = max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high))``; an
+  ``eps_clip_higher`` larger than ``eps_clip`` is DAPO's clip-higher (arXiv:2503.14476); with
+  ``c_clip`` the dual clip (Ye et al., arXiv:1912.09729) caps the loss of ``A < 0`` tokens at
+  ``c |A|``, so a huge ratio on a bad token cannot produce an unbounded update.
+* ``sapo``, SAPO (arXiv:2511.20347): a smooth gate ``g = (4 / tau) sigmoid(tau (r - 1))`` replaces
+  the clip, ``l = -g A``, with ``tau_pos`` for ``A > 0`` and ``tau_neg`` otherwise. The ``4 / tau``
+  factor makes the gradient at ``r = 1`` equal to the plain policy gradient for every ``tau``. Its
+  ratio is taken against the behaviour policy, and it takes no behaviour weight (AReaL).
+
+A surrogate is ``fn(SurrogateInputs, **settings) -> SurrogateResult``; its keyword arguments are
+named like the ``actor`` keys they are read from (``eps_clip``, ``sapo_tau_pos``, ...), so binding
+reads exactly those keys. :data:`SURROGATES` registers the built-ins with what they need of the
+rest of the loss; its rules (``*_problems``) are checked by the config at start-up. Outputs are per
+token and need not be masked (the policy loss masks them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from .masked import masked_mean
+from .types import Stats
+
+
+@dataclass(frozen=True)
+class SurrogateInputs:
+    """What a surrogate sees of one micro-batch (all ``[B, S]``).
+
+    Attributes:
+        ratio: importance ratio pi_theta / pi_base (token- or sequence-level), 0 outside ``mask``;
+            differentiable through ``logprobs``.
+        advantages: advantages matching the ratio's level (sequence means for GSPO), 0 outside ``mask``.
+        logprobs: log pi_theta of the taken tokens, with gradient.
+        mask: bool tokens in the loss (after the token filters).
+        n_valid: 0-dim count of loss tokens before any filter (the denominator of the stats).
+    """
+
+    ratio: torch.Tensor
+    advantages: torch.Tensor
+    logprobs: torch.Tensor
+    mask: torch.Tensor
+    n_valid: torch.Tensor
+
+
+class SurrogateResult(NamedTuple):
+    """``token_loss``: ``[B, S]`` per-token loss; ``stats``: detached 0-dim means over the mask."""
+
+    token_loss: torch.Tensor
+    stats: Stats
+
+
+@dataclass(frozen=True)
+class Surrogate:
+    """A registered surrogate.
+
+    Attributes:
+        fn: the surrogate function.
+        base: ``proximal`` (the ratio is taken against pi_prox, which is pi_behav without the decoupled
+            loss) or ``behavior``.
+        behavior_weight: whether the decoupled loss's behaviour weight and rejection sampling apply.
+        decoupled: whether it can be used with ``use_decoupled_loss=true``.
+        problems: ``(key, **settings) -> list[str]``, its rules, checked by the config.
+    """
+
+    fn: Callable[..., SurrogateResult]
+    base: str = "proximal"
+    behavior_weight: bool = True
+    decoupled: bool = True
+    problems: Callable[..., list[str]] | None = None
+
+
+def clip_ratio(ratio: torch.Tensor, *, eps_low: float, eps_high: float) -> torch.Tensor:
+    """``[B, S]`` ratio clamped to ``[1 - eps_low, 1 + eps_high]``."""
+    return ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
+
+
+def clipped_surrogate(
+    ratio: torch.Tensor, advantages: torch.Tensor, *, eps_low: float, eps_high: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """PPO clipped surrogate loss per token.
+
+    Returns:
+        ``(loss, clipped_low, clipped_high)``: the ``[B, S]`` loss, and bool masks of the tokens where the
+        clipped branch is active because the ratio is below ``1 - eps_low`` (negative advantage) or
+        above ``1 + eps_high`` (positive advantage). Those tokens get no gradient.
+    """
+    unclipped = -advantages * ratio
+    clipped = -advantages * clip_ratio(ratio, eps_low=eps_low, eps_high=eps_high)
+    loss = torch.maximum(unclipped, clipped)
+    active = unclipped < clipped
+    return loss, active & (ratio < 1.0 - eps_low), active & (ratio > 1.0 + eps_high)
+
+
+def dual_clip(loss: torch.Tensor, advantages: torch.Tensor, *, c_clip: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cap the loss of negative-advantage tokens at ``c_clip * |A|`` (``c_clip > 1``).
+
+    Returns:
+        ``(loss, dual_clipped)`` with ``dual_clipped`` the bool ``[B, S]`` mask of capped tokens.
+        Positive advantages are untouched: their clipped loss is already <= 0 < c * A.
+    """
+    cap = -c_clip * advantages
+    capped = (advantages < 0) & (cap < loss)
+    return torch.where(capped, cap, loss), capped
+
+
+def clip(x: SurrogateInputs, *, eps_clip: float, eps_clip_higher: float | None = None,
+         c_clip: float | None = None) -> SurrogateResult:
+    """The PPO clipped surrogate (asymmetric with ``eps_clip_higher``, dual-clipped with ``c_clip``)."""
+    eps_high = eps_clip if eps_clip_higher is None else eps_clip_higher
+    loss, low, high = clipped_surrogate(x.ratio, x.advantages, eps_low=eps_clip, eps_high=eps_high)
+    stats = {"actor/clip_frac_low": masked_mean(low.float(), x.mask, x.n_valid),
+             "actor/clip_frac_high": masked_mean(high.float(), x.mask, x.n_valid),
+             "actor/clip_frac": masked_mean((low | high).float(), x.mask, x.n_valid)}
+    if c_clip is not None:
+        loss, dual = dual_clip(loss, x.advantages, c_clip=c_clip)
+        stats["actor/dual_clip_frac"] = masked_mean(dual.float(), x.mask, x.n_valid)
+    return SurrogateResult(loss, stats)
+
+
+def clip_problems(key: str, *, eps_clip: float, eps_clip_higher: float | None = None,
+                  c_clip: float | None = None) -> list[str]:
+    p = []
+    if eps_clip < 0:
+        p.append(f"{key}.eps_clip: got {eps_clip}; must be >= 0.")
+    if eps_clip_higher is not None and eps_clip_higher < 0:
+        p.append(f"{key}.eps_clip_higher: got {eps_clip_higher}; must be >= 0 or null.")
+    if c_clip is not None and not c_clip > 1:
+        p.append(f"{key}.c_clip: got {c_clip}; the dual-clip constant must be > 1 (3.0 is usual), or null to disable.")
+    return p
+
+
+def sapo_gate(ratio: torch.Tensor, tau: float) -> torch.Tensor:
+    """``(4 / tau) * sigmoid(tau * (ratio - 1))``; equals 2 at ratio 1 with slope 1 (``tau > 0``)."""
+    return (4.0 / tau) * torch.sigmoid(tau * (ratio - 1.0))
+
+
+def sapo_surrogate(
+    ratio: torch.Tensor, advantages: torch.Tensor, *, tau_pos: float, tau_neg: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """SAPO soft-gated loss per token.
+
+    Returns:
+        ``(loss, gate, gate_pos, gate_neg)``, all ``[B, S]``: ``gate`` is the gate applied (``gate_pos``
+        where ``A > 0``, else ``gate_neg``; ``A == 0`` takes the negative one), and ``gate_pos`` /
+        ``gate_neg`` are both gates evaluated at every token, for monitoring.
+    """
+    gate_pos = sapo_gate(ratio, tau_pos)
+    gate_neg = sapo_gate(ratio, tau_neg)
+    gate = torch.where(advantages > 0, gate_pos, gate_neg)
+    return -gate * advantages, gate, gate_pos, gate_neg
+
+
+def sapo(x: SurrogateInputs, *, sapo_tau_pos: float, sapo_tau_neg: float) -> SurrogateResult:
+    """SAPO's soft-gated surrogate."""
+    loss, gate, gate_pos, gate_neg = sapo_surrogate(x.ratio, x.advantages, tau_pos=sapo_tau_pos, tau_neg=sapo_tau_neg)
+    return SurrogateResult(loss, {"actor/sapo/gate": masked_mean(gate, x.mask, x.n_valid),
+                                  "actor/sapo/gate_pos": masked_mean(gate_pos, x.mask, x.n_valid),
+                                  "actor/sapo/gate_neg": masked_mean(gate_neg, x.mask, x.n_valid)})
+
+
+def sapo_problems(key: str, *, sapo_tau_pos: float, sapo_tau_neg: float) -> list[str]:
+    return [f"{key}.{name}: got {v}; SAPO temperatures must be positive."
+            for name, v in (("sapo_tau_pos", sapo_tau_pos), ("sapo_tau_neg", sapo_tau_neg)) if not v > 0]
+
+
+SURROGATES = {
+    "clip": Surrogate(clip, problems=clip_problems),
+    "sapo": Surrogate(sapo, base="behavior", behavior_weight=False, decoupled=False, problems=sapo_problems),
+}
+"""The built-in surrogates, by the name ``actor.loss.surrogate.implementation`` takes."""
