@@ -9,6 +9,7 @@ Regenerate them deliberately, after a change meant to alter the numbers, with
 ``AREAL_UPDATE_GOLDEN=1 pytest tests/e2e/test_presets.py``.
 """
 
+import glob
 import json
 import math
 import os
@@ -18,7 +19,11 @@ import pytest
 
 from .helpers import cli
 
-ALGOS = ["ppo", "grpo", "drgrpo", "liteppo", "rloo", "dapo", "sapo", "gspo", "icepop", "kpop"]
+FIRST = ["ppo", "grpo", "drgrpo", "liteppo", "rloo", "dapo", "sapo", "gspo", "icepop", "kpop"]
+SHIPPED = sorted(os.path.basename(p)[:-5] for p in glob.glob(os.path.join(os.path.dirname(__file__), "..", "..",
+                                                                           "conf", "algo", "*.yaml")))
+ALGOS = FIRST + [a for a in SHIPPED if a not in FIRST]
+"""Every preset in conf/algo: AReaL's ten first (their sweep job numbers stay put), then any added."""
 STEPS = 3
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden_presets.json")
 ARGS = ["+scale=tiny", f"total_train_steps={STEPS}", "gconfig.n_samples=4", "train_dataset.batch_size=4",
@@ -92,6 +97,7 @@ def test_presets_match_golden_records(sweep):
     assert golden["args"] == ARGS, "the golden records were made with other arguments; regenerate them"
     exact = golden["cpu"] == _cpu()
     for algo in ALGOS:
+        assert algo in golden["runs"], f"no golden record for the preset {algo!r}: regenerate them (module docstring)"
         got, want = runs[algo], golden["runs"][algo]
         assert [r["step"] for r in got] == [r["step"] for r in want], algo
         for g, w in zip(got, want):
