@@ -170,8 +170,21 @@ def sapo_problems(key: str, *, sapo_tau_pos: float, sapo_tau_neg: float) -> list
             for name, v in (("sapo_tau_pos", sapo_tau_pos), ("sapo_tau_neg", sapo_tau_neg)) if not v > 0]
 
 
+def cispo(x: SurrogateInputs, *, eps_clip: float, eps_clip_higher: float | None = None) -> SurrogateResult:
+    """CISPO, MiniMax-M1 (arXiv:2506.13585): ``l = -sg(clip(r, 1 - eps_clip, 1 + eps_clip_higher)) A log pi``.
+    The ratio is clipped as a stop-gradient weight of a REINFORCE term instead of clipping the update,
+    so every token keeps its gradient (PPO drops the clipped ones)."""
+    eps_high = eps_clip if eps_clip_higher is None else eps_clip_higher
+    weight = clip_ratio(x.ratio.detach(), eps_low=eps_clip, eps_high=eps_high)
+    clipped = (weight != x.ratio.detach()).float()
+    return SurrogateResult(-weight * x.advantages * x.logprobs,
+                           {"actor/cispo/weight": masked_mean(weight, x.mask, x.n_valid),
+                            "actor/cispo/clip_frac": masked_mean(clipped, x.mask, x.n_valid)})
+
+
 SURROGATES = {
     "clip": Surrogate(clip, problems=clip_problems),
     "sapo": Surrogate(sapo, base="behavior", behavior_weight=False, decoupled=False, problems=sapo_problems),
+    "cispo": Surrogate(cispo, problems=clip_problems),
 }
 """The built-in surrogates, by the name ``actor.loss.surrogate.implementation`` takes."""

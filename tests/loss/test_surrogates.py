@@ -218,3 +218,28 @@ def test_inputs_shape_mismatch_raises():
         inputs(t([[0.0, 0.0]]), t([[1.0]]), [[1, 1]])
     with pytest.raises(ValueError, match=r"\[B, S\]"):
         inputs(torch.zeros(3), torch.zeros(3), torch.ones(3))
+
+
+# -- CISPO ----------------------------------------------------------------------------------------
+
+def test_cispo_hand_derived():
+    # Token 0: logp - base = 0.5, r = e^0.5 = 1.6487, A = +1, eps_high 0.28: weight min(r, 1.28) = 1.28,
+    #   loss -1.28 * 1 * 0.5 = -0.64, gradient d/dlogp = -1.28 (kept, unlike PPO's clipped token).
+    # Token 1: logp - base = -2, r = e^-2 = 0.1353, A = -1, eps_low 0.2: weight 0.8,
+    #   loss -0.8 * (-1) * (-2) = -1.6, gradient +0.8.
+    # Token mean: (-0.64 - 1.6) / 2 = -1.12; gradients halved: -0.64, +0.4.
+    fn = loss_fn(eps_clip=0.2, eps_clip_higher=0.28, loss={"surrogate": {"implementation": "cispo"}})
+    inp = inputs(t([[0.5, -2.0]]), t([[1.0, -1.0]]), [[1, 1]], prox=t([[0.0, 0.0]]))
+    res = fn(inp)
+    res.loss.backward()
+    assert res.loss.item() == pytest.approx(-1.12, rel=1e-6)
+    assert torch.allclose(inp.logprobs.grad, t([[-0.64, 0.4]]), atol=1e-6)
+    assert res.stats["actor/cispo/clip_frac"].item() == 1.0
+    assert res.stats["actor/cispo/weight"].item() == pytest.approx((1.28 + 0.8) / 2, rel=1e-6)
+
+
+def test_cispo_at_ratio_one_is_reinforce():
+    fn = loss_fn(loss={"surrogate": {"implementation": "cispo"}})
+    inp = inputs(t([[-1.0, -2.0]]), t([[0.5, -1.5]]), [[1, 1]])
+    fn(inp).loss.backward()
+    assert torch.allclose(inp.logprobs.grad, t([[-0.25, 0.75]]), atol=1e-6)  # -A / n_tokens
