@@ -10,6 +10,7 @@ Stage signatures (``kwargs`` come from the config)::
     outcome_reward_shaping: fn(OutcomeRewardInputs, **kwargs) -> OutcomeResult
     estimator:              fn(TemporalInputs, **kwargs) -> TemporalResult
     process_adv_shaping:    fn(ProcessAdvantageInputs, **kwargs) -> Tensor [B, S]
+    group_baseline:         fn(GroupBaselineInputs, **kwargs) -> Tensor [B]   (in place of reward_norm)
     compute:                fn(AdvantageInputs, **kwargs) -> AdvantageResult
 
 See :mod:`areal_trainer.advantage.datatypes` for the tensor conventions.
@@ -19,6 +20,7 @@ from .datatypes import (
     EXTRAS_WHITELIST,
     AdvantageInputs,
     AdvantageResult,
+    GroupBaselineInputs,
     OutcomeResult,
     OutcomeRewardInputs,
     ProcessAdvantageInputs,
@@ -36,6 +38,7 @@ __all__ = [
     "AdvantageResult",
     "GAELambdaContext",
     "GAELambdaInputs",
+    "GroupBaselineInputs",
     "OutcomeResult",
     "OutcomeRewardInputs",
     "ProcessAdvantageInputs",

@@ -136,6 +136,30 @@ class OutcomeResult:
 
 
 @dataclass(frozen=True)
+class GroupBaselineInputs:
+    """Input of the group-baseline stage (``actor.advantage.group_baseline``), which replaces
+    ``reward_norm``: it turns each row's score into its share of the outcome advantage, usually by
+    subtracting a baseline computed over the row's group (the prompt's answers) and scaling.
+
+    Attributes:
+        scores: ``[B]`` float32 rewards after the length penalty, the outcome stage and
+            bias/scale/clip (``reward_bias``, ``reward_scaling``, ``reward_clip``).
+        rewards: ``[B]`` the same rewards before bias/scale/clip (e.g. to tell right answers by ``> 0``).
+        group_sizes: rows per prompt group, in row order (they sum to ``B``).
+        loss_mask: ``[B, S]`` the token-aligned rollout loss mask (answer lengths are its row sums).
+        all_reduce: sums a tensor over the data-parallel group (identity when None), for batch statistics.
+        config: the actor config.
+    """
+
+    scores: torch.Tensor
+    rewards: torch.Tensor
+    group_sizes: tuple[int, ...]
+    loss_mask: torch.Tensor
+    all_reduce: Callable[[torch.Tensor], torch.Tensor] | None
+    config: Any
+
+
+@dataclass(frozen=True)
 class TemporalInputs:
     """Input of the estimator stage; every tensor is next-token aligned.
 

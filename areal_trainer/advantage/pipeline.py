@@ -2,7 +2,8 @@
 
 1. overlong length penalty (rollout rewards stay untouched; a penalised copy moves on);
 2. outcome shaping (stage ``outcome_reward_shaping``);
-3. bias/scale/clip and ``reward_norm`` (group boundaries and logical rollouts from the metadata);
+3. bias/scale/clip and ``reward_norm`` (group boundaries and logical rollouts from the metadata), or
+   the group-baseline stage (``group_baseline``) in its place;
 4. temporal estimation (stage ``estimator``) on the next-token-aligned view;
 5. ``adv_norm``;
 6. process advantage shaping (stage ``process_adv_shaping``), which never touches the returns.
@@ -25,6 +26,7 @@ from .align import aligned_mask, aligned_turn_ids, bootstrap_values, old_logprob
 from .datatypes import (
     AdvantageInputs,
     AdvantageResult,
+    GroupBaselineInputs,
     OutcomeRewardInputs,
     ProcessAdvantageInputs,
     TemporalInputs,
@@ -32,7 +34,7 @@ from .datatypes import (
 from .estimators import token_gae
 from .normalize import normalize
 from .process import PROCESS_FUNCTIONS, check_process_mode, gvpo_params, split_token_rewards
-from .reward import normalize_rewards, overlong_penalty, place_outcome
+from .reward import normalize_rewards, overlong_penalty, place_outcome, scale_bias_clip
 
 REQUIRED_2D = ("input_ids", "attention_mask", "loss_mask", "logprobs")
 OPTIONAL_2D = ("values", "ref_logp", "turn_ids", "token_rewards", "versions")
@@ -53,12 +55,14 @@ class Stage:
 
 @dataclass(frozen=True)
 class Stages:
-    """The three stages; ``process`` None means ``auto`` (the PRM mode passed at call time)."""
+    """The stages; ``process`` None means ``auto`` (the PRM mode passed at call time); ``baseline``
+    None means ``auto`` (``reward_norm``)."""
 
     outcome: Stage
     estimator: Stage
     process: Stage | None
     gae_lambda: float | Callable[..., torch.Tensor]
+    baseline: Stage | None = None
 
 
 def check_data(data: Mapping[str, Any], meta) -> tuple[int, int, torch.device]:
@@ -157,6 +161,8 @@ def _outcome(inputs: AdvantageInputs, stages: Stages, n_rows: int, device) -> tu
     n_logical = sum(meta.logical_group_sizes) if meta is not None else None
     check.check_outcome(out, label=stage.label, n_rows=n_rows, n_logical=n_logical, device=device,
                         allow_int=stage.builtin)
+    if stages.baseline is not None:
+        return penalized, _baseline(inputs, stages.baseline, out.rewards, n_rows, device)
     norm = cfg.reward_norm
     explicit = meta is not None and any(r is not None for r in meta.logical_rewards)
     norm_on = norm is not None and (norm.mean_level is not None or norm.std_level is not None)
@@ -168,6 +174,21 @@ def _outcome(inputs: AdvantageInputs, stages: Stages, n_rows: int, device) -> tu
     scores = normalize_rewards(out.rewards, cfg=cfg, meta=meta, references=refs,
                                unpenalized=raw if cfg.overlong_reward_penalty else None, all_reduce=inputs.all_reduce)
     return penalized, scores
+
+
+def _baseline(inputs: AdvantageInputs, stage: Stage, rewards: torch.Tensor, n_rows: int, device) -> torch.Tensor:
+    """Step 3 with the group-baseline stage in place of ``reward_norm``."""
+    cfg, meta = inputs.config, inputs.meta
+    if meta is not None and any(g is not None for g in meta.rollout_groups):
+        raise ValueError(f"{stage.label}: a group-baseline stage sees rows, but this batch carries logical "
+                         "rollouts (meta.rollout_groups); use the default group_baseline (reward_norm).")
+    scores = scale_bias_clip(rewards, bias=cfg.reward_bias, scale=cfg.reward_scaling, clip=cfg.reward_clip)
+    sizes = tuple(meta.traj_group_sizes) if meta is not None else (n_rows,)
+    out = stage(GroupBaselineInputs(scores=scores, rewards=rewards.float(), group_sizes=sizes,
+                                    loss_mask=inputs.data["loss_mask"], all_reduce=inputs.all_reduce, config=cfg))
+    check.check_tensor(stage.label, "the returned scores", out, (n_rows,), device)
+    check.check_values(stage.label, {"the returned scores": out})
+    return out.float()
 
 
 def _process(inputs: AdvantageInputs, stages: Stages, pin: ProcessAdvantageInputs, shape, device) -> torch.Tensor:

@@ -34,6 +34,9 @@ ESTIMATOR_FNS = {"token_gae": token_gae, "turn_gae": turn_gae}
 OUTCOME_BUILTINS = ("auto", *OUTCOME_FNS)
 ESTIMATOR_BUILTINS = ("auto", *ESTIMATOR_FNS)
 PROCESS_BUILTINS = ("auto", *PROCESS_FNS)
+BASELINE_FNS: dict[str, Callable] = {}
+"""Built-in group baselines besides ``auto`` (``reward_norm``); user ones come by import path."""
+BASELINE_BUILTINS = ("auto", *BASELINE_FNS)
 _LAMBDA_BUILTINS = (lambda_fn.constant_gae_lambda, lambda_fn.vapo_length_adaptive_gae,
                     lambda_fn.relative_position_gae_lambda)
 
@@ -62,7 +65,7 @@ def resolve_advantage(actor_cfg, key: str = "actor") -> AdvantageFn:
     """Resolve ``{key}.advantage`` and ``{key}.gae_lambda``; raise ``ConfigError`` listing every problem."""
     adv = actor_cfg.advantage
     problems = adv.check(f"{key}.advantage") + process_stage_problems(key, actor_cfg)
-    for name in ("compute", "outcome_reward_shaping", "estimator", "process_adv_shaping"):
+    for name in ("compute", "outcome_reward_shaping", "estimator", "process_adv_shaping", "group_baseline"):
         stage = getattr(adv, name)
         if stage is not None:
             problems += stage.check(f"{key}.advantage.{name}")
@@ -83,9 +86,10 @@ def resolve_advantage(actor_cfg, key: str = "actor") -> AdvantageFn:
                       problems)
     process = _bind(adv.process_adv_shaping, f"{prefix}.process_adv_shaping", PROCESS_FNS, PROCESS_BUILTINS, None,
                     problems)
+    baseline = _bind(adv.group_baseline, f"{prefix}.group_baseline", BASELINE_FNS, BASELINE_BUILTINS, None, problems)
     if problems:
         raise ConfigError(_unique(problems))
-    stages = Stages(outcome=outcome, estimator=estimator, process=process, gae_lambda=gae_lambda)
+    stages = Stages(outcome=outcome, estimator=estimator, process=process, gae_lambda=gae_lambda, baseline=baseline)
     return AdvantageFn(lambda inputs: run_default(inputs, stages), f"{prefix}.compute (default)", stages)
 
 

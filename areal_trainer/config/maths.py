@@ -20,6 +20,7 @@ def maths() -> SimpleNamespace:
     return SimpleNamespace(
         GAE_UNITS=gae.TIME_UNITS, NORM_LEVELS=normalize.NORM_LEVELS, OUTCOME_BUILTINS=stages.OUTCOME_BUILTINS,
         ESTIMATOR_BUILTINS=stages.ESTIMATOR_BUILTINS, PROCESS_BUILTINS=stages.PROCESS_BUILTINS,
+        BASELINE_BUILTINS=stages.BASELINE_BUILTINS,
         process_stage_problems=process.process_stage_problems, LOSS_AGG_MODES=aggregate.LOSS_AGG_MODES,
         KL_ESTIMATORS=kl.KL_ESTIMATORS, PROX_LOGP_METHODS=prox.PROX_LOGP_METHODS, IS_LEVELS=ratio.IS_LEVELS,
         rejection_problems=rejection.rejection_problems, policy_loss_problems=policy_loss_problems)

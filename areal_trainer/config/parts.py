@@ -167,6 +167,9 @@ class AdvantageConfig(Checked):
     outcome_reward_shaping: Optional[StageConfig] = None
     estimator: Optional[StageConfig] = None
     process_adv_shaping: Optional[StageConfig] = None
+    group_baseline: Optional[StageConfig] = None
+    """In place of ``reward_norm``: ``fn(GroupBaselineInputs, **kwargs) -> [B]`` scores (null/``auto``:
+    ``reward_norm``)."""
 
     def check(self, key: str) -> list[str]:
         p: list[str] = []
@@ -174,7 +177,8 @@ class AdvantageConfig(Checked):
         if self.compute is not None and not replaced and self.compute.kwargs:
             p.append(f"{key}.compute.kwargs: the default compute takes no kwargs (got {dict(self.compute.kwargs)}); "
                      "configure the stages (outcome_reward_shaping, estimator, process_adv_shaping) instead.")
-        stages = {n: getattr(self, n) for n in ("outcome_reward_shaping", "estimator", "process_adv_shaping")}
+        stages = {n: getattr(self, n) for n in ("outcome_reward_shaping", "estimator", "process_adv_shaping",
+                                                "group_baseline")}
         if replaced:
             used = [n for n, s in stages.items() if s is not None]
             if used:
@@ -182,7 +186,7 @@ class AdvantageConfig(Checked):
                          f"and cannot be combined with stage entries ({', '.join(used)}); set them to null.")
         m = maths()
         builtins = {"outcome_reward_shaping": m.OUTCOME_BUILTINS, "estimator": m.ESTIMATOR_BUILTINS,
-                    "process_adv_shaping": m.PROCESS_BUILTINS}
+                    "process_adv_shaping": m.PROCESS_BUILTINS, "group_baseline": m.BASELINE_BUILTINS}
         for name, stage in stages.items():
             if stage is None or not isinstance(stage.implementation, str):
                 continue

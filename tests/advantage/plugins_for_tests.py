@@ -87,3 +87,15 @@ def inf_returns(inputs) -> AdvantageResult:
 def mutating_replacement(inputs) -> AdvantageResult:
     inputs.data["rewards"].add_(1)
     return _result(inputs)
+
+
+def record_baseline(inputs):
+    """A group baseline that records what it sees and returns the scores unchanged."""
+    SEEN["baseline"] = {"scores": inputs.scores.tolist(), "rewards": inputs.rewards.tolist(),
+                        "sizes": inputs.group_sizes}
+    return inputs.scores
+
+
+def wrong_shape_baseline(inputs):
+    """A group baseline that returns one value per group instead of per row."""
+    return inputs.scores[:1]

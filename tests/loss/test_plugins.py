@@ -87,3 +87,15 @@ def test_an_extreme_log_ratio_gives_a_finite_loss_and_gradient(kwargs):
     res.loss.backward()
     assert torch.isfinite(res.loss) and torch.isfinite(inp.logprobs.grad).all()
     assert res.stats["actor/importance_ratio/max"].item() <= math.exp(LOG_RATIO_BOUND) * (1 + 1e-6)
+
+
+def test_the_spo_example_hand_derived():
+    # r = 1.5, A = +1, eps 0.2: l = -(1.5 - 1/0.4 * 0.25) = -0.875; dl/dr = -(1 - (1/0.2) * 0.5) = 1.5,
+    # dl/dlogp = r * dl/dr = 2.25 (pulled back: the ratio is past 1 + eps).
+    fn = bind_policy_loss(surrogate("examples.custom_loss.spo.spo", epsilon=0.2))
+    inp = inputs(t([[math.log(1.5)]]), t([[1.0]]), [[1]], prox=t([[0.0]]))
+    res = fn(inp)
+    res.loss.backward()
+    assert res.loss.item() == pytest.approx(-0.875, rel=1e-6)
+    assert inp.logprobs.grad.item() == pytest.approx(2.25, rel=1e-5)
+    assert res.stats["actor/spo/beyond_frac"].item() == 1.0

@@ -1,0 +1,1 @@
+"""A policy-loss surrogate plugged in by import path (see README.md)."""

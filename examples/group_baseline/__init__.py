@@ -1,0 +1,1 @@
+"""A group baseline plugged in by import path (see README.md)."""
