@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from . import fsdp as fsdp_mod
+from .loss.stats import combine
 
 
 @dataclass
@@ -67,24 +68,13 @@ class DistContext:
             offset += n
 
     def reduce_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
-        """Average metrics over ranks (``/min``, ``/max`` and count-like keys reduce accordingly)."""
+        """Combine one step's metrics over ranks, each key as ``loss/stats.py`` says (min, max, sum,
+        token-weighted mean or mean): the same rule as across the step's micro-batches."""
         if not self.enabled:
             return metrics
-        keys = sorted(metrics)
         gathered: list[dict] = [{} for _ in range(self.world_size)]
-        dist.all_gather_object(gathered, {k: metrics[k] for k in keys})
-        out = {}
-        for k in set().union(*gathered):
-            vals = [g[k] for g in gathered if k in g]
-            if k.endswith("/min"):
-                out[k] = min(vals)
-            elif k.endswith("/max"):
-                out[k] = max(vals)
-            elif k.endswith(("n_valid_tokens", "/normalizer", "accepted_groups", "sampled_groups", "rows", "/count")):
-                out[k] = sum(vals)
-            else:
-                out[k] = sum(vals) / len(vals)
-        return out
+        dist.all_gather_object(gathered, dict(metrics))
+        return combine(gathered)
 
     def gather_objects(self, obj) -> list:
         """Every rank's ``obj``, in rank order (``[obj]`` in a single process)."""

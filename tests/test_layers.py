@@ -1,8 +1,8 @@
 """The package's layers import downward only, and no module-level import cycle exists.
 
-Layers, bottom to top (README, Layout): small utilities (``errors``, ``plugins``, then the
-parallelism helpers ``fsdp`` and ``dist``, each of which may use the ones before it); the pure maths
-(``loss``, which imports nothing of the package, then ``advantage``); ``config``; the peers ``data``,
+Layers, bottom to top (README, Layout): small utilities (``errors``, ``plugins``); the pure maths
+(``loss``, which imports nothing of the package, then ``advantage``); ``config``; the parallelism
+helpers (``fsdp``, then ``dist``, which reduces metrics by the loss's rule); the peers ``data``,
 ``model``, ``reward``, ``rollout``, ``tracking``, which do not import each other; ``train``, the only
 orchestrator; the entry point. A module may import from its own unit and from units below it.
 Imports inside functions count too (a lazy import is still a dependency).
@@ -16,7 +16,7 @@ import os
 import pytest
 
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "areal_trainer")
-LAYERS = [("errors",), ("plugins",), ("fsdp",), ("dist",), ("loss",), ("advantage",), ("config",),
+LAYERS = [("errors",), ("plugins",), ("loss",), ("advantage",), ("config",), ("fsdp",), ("dist",),
           ("data", "model", "reward", "rollout", "tracking"), ("train",), ("__main__", "__init__")]
 RANK = {unit: i for i, units in enumerate(LAYERS) for unit in units}
 

@@ -1,55 +1,97 @@
-"""Reduction of per-micro-batch loss stats into per-step stats (the convention of the package docstring).
+"""How metrics combine: one table, used inside a step (across micro-batches, :func:`reduce_stats`)
+and across data-parallel ranks (``dist.py``).
 
 * keys ending in ``/min`` or ``/max``: minimum / maximum;
-* keys ending in ``n_valid_tokens`` or ``loss/normalizer``: sum;
-* every other key: mean weighted by the ``<namespace>/n_valid_tokens`` of the same micro-batch
-  (``<namespace>`` is the key's first path segment), or a plain mean if there is no such count.
+* counts (keys ending in one of :data:`SUM_SUFFIXES`): sum;
+* a key whose namespace (its first path segment) reports ``<namespace>/n_valid_tokens`` alongside it:
+  the mean weighted by that token count (a per-token mean of the whole step);
+* every other key: the plain mean.
 
-Works on device tensors and never synchronises; the same rule applies across data-parallel ranks.
+Works on device tensors and never synchronises.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
+from enum import StrEnum
 
 import torch
 
 from .types import Stats
 
-SUM_SUFFIXES = ("n_valid_tokens", "loss/normalizer")
+
+class Reduction(StrEnum):
+    MIN = "min"
+    MAX = "max"
+    SUM = "sum"
+    TOKEN_MEAN = "token_mean"
+    MEAN = "mean"
 
 
-def reduction_of(key: str) -> str:
-    """``min``, ``max``, ``sum`` or ``mean``: how ``key`` combines across micro-batches."""
+SUM_SUFFIXES = ("n_valid_tokens", "/normalizer", "accepted_groups", "sampled_groups", "/rows", "/count",
+                "reward_errors", "verify_timeouts", "skipped_steps")
+"""Counts: they add up over micro-batches and ranks."""
+
+
+def count_key(key: str) -> str:
+    """The token count a key of this namespace is weighted by: ``<namespace>/n_valid_tokens``."""
+    return f"{key.split('/', 1)[0]}/n_valid_tokens"
+
+
+def reduction_of(key: str, present: Collection[str] = ()) -> Reduction:
+    """How ``key`` combines, given the other keys ``present`` in the same record."""
     if key.endswith("/min"):
-        return "min"
+        return Reduction.MIN
     if key.endswith("/max"):
-        return "max"
+        return Reduction.MAX
     if key.endswith(SUM_SUFFIXES):
-        return "sum"
-    return "mean"
+        return Reduction.SUM
+    if count_key(key) in present:
+        return Reduction.TOKEN_MEAN
+    return Reduction.MEAN
+
+
+def combine(records: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """Combine plain-number records (one per data-parallel rank) key by key, by :func:`reduction_of`;
+    a key some records lack is combined over the others."""
+    out: dict[str, float] = {}
+    for key in sorted(set().union(*records)):
+        having = [r for r in records if key in r]
+        vals = [float(r[key]) for r in having]
+        how = reduction_of(key, having[0])
+        if how is Reduction.MIN:
+            out[key] = min(vals)
+        elif how is Reduction.MAX:
+            out[key] = max(vals)
+        elif how is Reduction.SUM:
+            out[key] = sum(vals)
+        elif how is Reduction.TOKEN_MEAN:
+            w = [float(r.get(count_key(key), 0.0)) for r in having]
+            out[key] = sum(v * x for v, x in zip(vals, w)) / max(sum(w), 1.0)
+        else:
+            out[key] = sum(vals) / len(vals)
+    return out
 
 
 def reduce_stats(per_micro_batch: Sequence[Stats]) -> Stats:
     """Combine the stats of several micro-batches (dicts with the same keys) into one dict."""
     if not per_micro_batch:
         return {}
+    keys = per_micro_batch[0]
     out: Stats = {}
-    for key in per_micro_batch[0]:
+    for key in keys:
         values = torch.stack([s[key].detach().float().reshape(()) for s in per_micro_batch])
-        how = reduction_of(key)
-        if how == "min":
+        how = reduction_of(key, keys)
+        if how is Reduction.MIN:
             out[key] = values.amin()
-        elif how == "max":
+        elif how is Reduction.MAX:
             out[key] = values.amax()
-        elif how == "sum":
+        elif how is Reduction.SUM:
             out[key] = values.sum()
+        elif how is Reduction.TOKEN_MEAN:
+            w = torch.stack([s[count_key(key)].detach().float().reshape(()) for s in per_micro_batch])
+            # Empty micro-batches report 0 means with weight 0; an all-empty step gives 0.
+            out[key] = (values * w).sum() / w.sum().clamp_min(1)
         else:
-            count_key = f"{key.split('/', 1)[0]}/n_valid_tokens"
-            if count_key in per_micro_batch[0]:
-                w = torch.stack([s[count_key].detach().float().reshape(()) for s in per_micro_batch])
-                # Empty micro-batches report 0 means with weight 0; an all-empty step gives 0.
-                out[key] = (values * w).sum() / w.sum().clamp_min(1)
-            else:
-                out[key] = values.mean()
+            out[key] = values.mean()
     return out
