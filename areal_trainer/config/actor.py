@@ -97,6 +97,9 @@ class PPOActorConfig(TrainEngineConfig):
 
     def check(self, key: str) -> list[str]:
         p = super().check(key)
+        if self.is_critic:
+            p.append(f"{key}.is_critic: got true; the value model is the `critic` section here, not {key}. "
+                     f"Remove {key}.is_critic.")
         m = maths()
         p += one_of(f"{key}.importance_sampling_level", self.importance_sampling_level, m.IS_LEVELS)
         p += one_of(f"{key}.kl_estimator", self.kl_estimator, m.KL_ESTIMATORS)
@@ -143,6 +146,9 @@ class PPOCriticConfig(TrainEngineConfig):
 
     def check(self, key: str) -> list[str]:
         p = super().check(key) + _positive_int(f"{key}.ppo_n_minibatches", self.ppo_n_minibatches)
+        if not self.is_critic:
+            p.append(f"{key}.is_critic: got false; the critic section is the value model (remove the key, "
+                     "or set it to true as AReaL requires).")
         if not self.eps_clip > 0:
             p.append(f"{key}.eps_clip: got {self.eps_clip}; the value clip range must be > 0.")
         if self.optimizer is None:

@@ -134,12 +134,20 @@ class MicroBatchSpec(Checked):
     max_tokens_per_mb: Optional[int] = None
     """Token budget per micro-batch; more micro-batches are used when exceeded."""
     n_mbs_divisor: int = 1
+    """The number of micro-batches is rounded up to a multiple of this."""
     packing_algorithm: str = "ffd"
+    """How rows are balanced over micro-batches: ``ffd`` (largest first into the lightest part)."""
 
     def check(self, key: str) -> list[str]:
-        p = one_of(f"{key}.packing_algorithm", self.packing_algorithm, ("ffd", "kk"))
-        if self.n_mbs < 1:
-            p.append(f"{key}.n_mbs: got {self.n_mbs}; must be >= 1.")
+        p = []
+        if self.packing_algorithm == "kk":
+            p.append(f"{key}.packing_algorithm: 'kk' (Karmarkar-Karp) is not supported here; micro-batches are "
+                     f"balanced by first-fit decreasing: set {key}.packing_algorithm=ffd (the default).")
+        else:
+            p += one_of(f"{key}.packing_algorithm", self.packing_algorithm, ("ffd",))
+        for name in ("n_mbs", "granularity", "n_mbs_divisor"):
+            if getattr(self, name) < 1:
+                p.append(f"{key}.{name}: got {getattr(self, name)}; must be >= 1.")
         if self.max_tokens_per_mb is not None and self.max_tokens_per_mb < 1:
             p.append(f"{key}.max_tokens_per_mb: got {self.max_tokens_per_mb}; must be >= 1 or null.")
         return p

@@ -68,7 +68,11 @@ class DatasetConfig(Checked):
     answer_key: str = "answer"
 
     def check(self, key: str) -> list[str]:
-        p = one_of(f"{key}.type", self.type, ("rl", "sft"))
+        if self.type == "sft":
+            p = [f"{key}.type: 'sft' datasets (supervised fine-tuning) are not supported here; the trainer does RL "
+                 "on prompts (type 'rl'). Its supervised warm start is configured under sft_warmup."]
+        else:
+            p = one_of(f"{key}.type", self.type, ("rl",))
         if self.batch_size < 1:
             p.append(f"{key}.batch_size: got {self.batch_size}; must be >= 1.")
         if self.max_length is not None and self.max_length < 1:

@@ -7,6 +7,7 @@ import dataclasses
 import os
 
 from .base import Checked
+from .compat import compat_warnings
 from .schema import TrainerConfig
 
 
@@ -29,7 +30,7 @@ def collect(cfg: TrainerConfig) -> tuple[list[str], list[str]]:
         problems += node.check(key)
         warns += node.warnings(key)
     p, w = _cross_section(cfg)
-    return problems + p, warns + w
+    return problems + p, warns + w + compat_warnings(cfg)
 
 
 def _cross_section(cfg: TrainerConfig) -> tuple[list[str], list[str]]:

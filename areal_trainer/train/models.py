@@ -52,11 +52,11 @@ def build_critic(cfg: TrainerConfig, actor: torch.nn.Module, tokenizer, device: 
         return None
     if resume_dir:
         critic = ValueModel.from_pretrained(os.path.join(resume_dir, "critic"))
-    elif cfg.critic.path == cfg.actor.path:
+    elif cfg.critic.path == cfg.actor.path and not cfg.critic.init_from_scratch:
         critic = ValueModel.from_causal_lm(_copy(actor))
     else:
         lm = load_causal_lm(cfg.critic.path, tokenizer=tokenizer, dtype=cfg.critic.dtype, device=device,
-                            seed=cfg.seed, key="critic.path")
+                            seed=cfg.seed, key="critic.path", init_from_scratch=cfg.critic.init_from_scratch)
         critic = ValueModel.from_causal_lm(lm)
     if cfg.critic.gradient_checkpointing:
         critic.gradient_checkpointing_enable()

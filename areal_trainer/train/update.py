@@ -38,19 +38,28 @@ def balanced_partition(sizes: list[int], n: int) -> list[list[int]]:
 
 
 def micro_batches(rows: list[int], lengths: list[int], spec: MicroBatchSpec) -> list[list[int]]:
-    """Split ``rows`` into at least ``spec.n_mbs`` parts, each within ``spec.max_tokens_per_mb`` if set."""
-    sizes = [lengths[r] for r in rows]
+    """Split ``rows`` into at least ``spec.n_mbs`` parts, each within ``spec.max_tokens_per_mb`` if set,
+    their number rounded up to a multiple of ``spec.n_mbs_divisor``; runs of ``spec.granularity``
+    consecutive rows stay together (at most one part per run)."""
+    g = max(1, spec.granularity)
+    units = [rows[i:i + g] for i in range(0, len(rows), g)]
+    sizes = [sum(lengths[r] for r in u) for u in units]
+
+    def parts_of(n: int) -> list[list[int]]:
+        n = -(-n // spec.n_mbs_divisor) * spec.n_mbs_divisor
+        return balanced_partition(sizes, n)
+
     n = spec.n_mbs
     if spec.max_tokens_per_mb:
         n = max(n, math.ceil(sum(sizes) / spec.max_tokens_per_mb))
         while True:
-            parts = balanced_partition(sizes, n)
-            if all(sum(sizes[i] for i in p) <= spec.max_tokens_per_mb for p in parts) or n >= len(rows):
+            parts = parts_of(n)
+            if all(sum(sizes[i] for i in p) <= spec.max_tokens_per_mb for p in parts) or n >= len(units):
                 break
             n += 1
     else:
-        parts = balanced_partition(sizes, n)
-    return [[rows[i] for i in p] for p in parts]
+        parts = parts_of(n)
+    return [[r for i in p for r in units[i]] for p in parts]
 
 
 def optimizer_steps(batch: dict[str, torch.Tensor], *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,

@@ -73,3 +73,13 @@ def test_nonfinite_loss_skips_step():
     assert skipped == 1 and metrics["update/skipped_steps"] == 1
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k])
+
+
+def test_micro_batch_granularity_and_divisor():
+    # Runs of 2 rows stay together; 4 runs over 3 micro-batches, rounded up to a multiple of 2 -> 4.
+    spec = MicroBatchSpec(n_mbs=3, granularity=2, n_mbs_divisor=2)
+    parts = micro_batches(list(range(8)), [5, 1, 9, 3, 3, 7, 2, 2], spec)
+    assert len(parts) == 4 and sorted(sum(parts, [])) == list(range(8))
+    for p in parts:
+        assert p == [p[0], p[0] + 1] and p[0] % 2 == 0
+    assert micro_batches([0, 1, 2], [1, 1, 1], MicroBatchSpec()) == [[0, 1, 2]]  # defaults: one micro-batch
