@@ -1,8 +1,18 @@
-"""Register the schema with Hydra's ConfigStore, so YAML files are typed by ``base_config``."""
+"""Register the schema with Hydra's ConfigStore, so YAML files are typed by ``base_config``; and let a
+command-line override reach into a section that is null in the YAML.
+
+OmegaConf 2.3 cannot set ``actor.reward_norm.mean_level=group`` when ``actor.reward_norm`` is null
+(it fails with an internal assertion). Hydra has no setting for this, so the one step of Hydra that
+applies command-line overrides (``ConfigLoaderImpl._apply_overrides_to_config``, hydra-core 1.3)
+is wrapped: before it runs, every null section on an override's path is replaced by its dataclass
+defaults. Nothing else is changed; ``tests/config/test_compose.py`` checks the wrapped function is
+still where it was and behaves as expected with the pinned Hydra.
+"""
 
 import dataclasses
 import typing
 
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
@@ -19,7 +29,7 @@ def register_configs() -> None:
         ConfigStore.instance().store(name="base_config", node=TrainerConfig)
     # ``${eighth:${gconfig.max_new_tokens}}``: DAPO's overlong zone is the last eighth of the budget.
     OmegaConf.register_new_resolver("eighth", lambda n: max(1, int(n) // 8), replace=True)
-    OmegaConf.update = staticmethod(_update_filling_null_sections)
+    ConfigLoaderImpl._apply_overrides_to_config = staticmethod(_apply_overrides_filling_null_sections)
     _DONE[0] = True
 
 
@@ -32,15 +42,11 @@ def _null_section_class(node):
     return args[0] if dataclasses.is_dataclass(args[0]) else None
 
 
-def _update_filling_null_sections(cfg, key, value=None, *, merge=True, force_add=False):
-    """``OmegaConf.update`` that first turns null sections on the path into their defaults.
-
-    OmegaConf 2.3 cannot set ``actor.reward_norm.mean_level=group`` (or merge a dict) when
-    ``actor.reward_norm`` is null: it fails with an internal assertion. A null section named on the
-    command line is therefore first filled with its dataclass defaults, then updated.
-    """
+def fill_null_sections(cfg: DictConfig, key: str, value) -> None:
+    """Replace every null structured section on the path of ``key`` (including ``key`` itself when a
+    dict is merged into it) by its dataclass defaults."""
     parts = key.split(".")
-    upto = len(parts) if (merge and isinstance(value, dict)) else len(parts) - 1
+    upto = len(parts) if isinstance(value, dict) else len(parts) - 1
     for i in range(1, upto + 1):
         prefix = ".".join(parts[:i])
         parent = OmegaConf.select(cfg, ".".join(parts[: i - 1])) if i > 1 else cfg
@@ -49,8 +55,14 @@ def _update_filling_null_sections(cfg, key, value=None, *, merge=True, force_add
         cls = _null_section_class(parent._get_node(parts[i - 1]))
         if cls is not None:
             with deferred_validation():
-                _ORIGINAL_UPDATE(cfg, prefix, OmegaConf.structured(cls), merge=False)
-    return _ORIGINAL_UPDATE(cfg, key, value, merge=merge, force_add=force_add)
+                OmegaConf.update(cfg, prefix, OmegaConf.structured(cls), merge=False)
 
 
-_ORIGINAL_UPDATE = OmegaConf.update
+def _apply_overrides_filling_null_sections(overrides, cfg: DictConfig) -> None:
+    for override in overrides:
+        if override.package is None and not override.is_delete():
+            fill_null_sections(cfg, override.key_or_group, override.value())
+    return _ORIGINAL_APPLY(overrides, cfg)
+
+
+_ORIGINAL_APPLY = ConfigLoaderImpl._apply_overrides_to_config

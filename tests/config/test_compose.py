@@ -177,3 +177,21 @@ def test_options_the_vllm_backend_cannot_honour_are_configuration_errors():
     with pytest.raises(ConfigError, match="lagged_switch_prob > 0 needs rollout.backend=hf"):
         load_config("grpo", ["rollout.backend=vllm", "rollout.max_head_offpolicyness=2",
                              "rollout.offpolicy_mode=lagged", "rollout.lagged_switch_prob=0.5"])
+
+
+def test_null_sections_are_filled_only_where_hydra_applies_overrides():
+    """The fill hooks Hydra's override step (pinned hydra-core 1.3), not OmegaConf itself."""
+    import inspect
+
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from omegaconf import OmegaConf
+
+    from areal_trainer.config import store
+
+    load_config("grpo")  # registers the hook
+    assert OmegaConf.update.__module__.startswith("omegaconf")  # OmegaConf is untouched
+    assert ConfigLoaderImpl._apply_overrides_to_config is store._apply_overrides_filling_null_sections
+    assert list(inspect.signature(store._ORIGINAL_APPLY).parameters) == ["overrides", "cfg"]
+    cfg = load_config("ppo", ["actor.reward_norm.mean_level=group"])  # null in the ppo preset
+    assert (cfg.actor.reward_norm.mean_level, cfg.actor.reward_norm.std_level) == ("group", "batch")  # defaults
+    assert load_config("grpo", ["actor.reward_norm.mean_level=batch"]).actor.reward_norm.std_level == "group"
