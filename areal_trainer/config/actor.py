@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
-from .base import is_number, one_of
+from .base import at_least_one, fraction, is_number, one_of
 from .maths import maths
 from .parts import (
     AdvantageConfig,
@@ -106,15 +106,14 @@ class PPOActorConfig(TrainEngineConfig):
         p += one_of(f"{key}.prox_logp_method", self.prox_logp_method, m.PROX_LOGP_METHODS)
         p += one_of(f"{key}.gae_timestep_unit", self.gae_timestep_unit, m.GAE_UNITS)
         p += one_of(f"{key}.loss_agg_mode", self.loss_agg_mode, m.LOSS_AGG_MODES)
-        p += _positive_int(f"{key}.ppo_n_minibatches", self.ppo_n_minibatches)
-        p += _positive_int(f"{key}.max_consecutive_nonfinite_steps", self.max_consecutive_nonfinite_steps)
-        p += _positive_int(f"{key}.max_new_tokens", self.max_new_tokens)
+        p += at_least_one(f"{key}.ppo_n_minibatches", self.ppo_n_minibatches)
+        p += at_least_one(f"{key}.max_consecutive_nonfinite_steps", self.max_consecutive_nonfinite_steps)
+        p += at_least_one(f"{key}.max_new_tokens", self.max_new_tokens)
         if self.kl_ctl < 0:
             p.append(f"{key}.kl_ctl: got {self.kl_ctl}; must be >= 0.")
         if not self.reward_clip > 0:
             p.append(f"{key}.reward_clip: got {self.reward_clip}; must be > 0.")
-        if not 0 <= self.discount <= 1:
-            p.append(f"{key}.discount: got {self.discount}; must be in [0, 1].")
+        p += fraction(f"{key}.discount", self.discount)
         p += _lambda_problems(key, self.gae_lambda) + _json_problems(f"{key}.gae_lambda_kwargs", self.gae_lambda_kwargs)
         p += m.policy_loss_problems(key, self)  # the surrogate's rules, M2PO, aggregation
         if self.overlong_reward_penalty:
@@ -145,7 +144,7 @@ class PPOCriticConfig(TrainEngineConfig):
     mask_no_eos_with_zero: bool = False
 
     def check(self, key: str) -> list[str]:
-        p = super().check(key) + _positive_int(f"{key}.ppo_n_minibatches", self.ppo_n_minibatches)
+        p = super().check(key) + at_least_one(f"{key}.ppo_n_minibatches", self.ppo_n_minibatches)
         if not self.is_critic:
             p.append(f"{key}.is_critic: got false; the critic section is the value model (remove the key, "
                      "or set it to true as AReaL requires).")
@@ -154,12 +153,6 @@ class PPOCriticConfig(TrainEngineConfig):
         if self.optimizer is None:
             p.append(f"{key}.optimizer: the critic is trained and needs an optimizer section.")
         return p
-
-
-def _positive_int(key: str, value: Any) -> list[str]:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        return [f"{key}: got {value!r}; must be a positive integer."]
-    return []
 
 
 def _lambda_problems(key: str, lam: Any) -> list[str]:

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 from ..errors import ConfigError, is_number, one_of, suggest
 
-__all__ = ["Checked", "ConfigError", "deferred_validation", "is_number", "one_of", "suggest"]
+__all__ = ["Checked", "ConfigError", "at_least_one", "deferred_validation", "fraction", "is_number", "one_of", "suggest"]
 
 _DEFER = [False]
 
@@ -50,3 +50,19 @@ class Checked:
             raise ConfigError(problems)
         for w in self.warnings(type(self).__name__):
             warnings.warn(w, UserWarning, stacklevel=3)
+
+
+def at_least_one(key: str, value, *, nullable: bool = False) -> list[str]:
+    """A problem unless ``value`` is an integer >= 1 (or None, when ``nullable``)."""
+    if value is None and nullable:
+        return []
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        return [f"{key}: got {value!r}; must be >= 1{' or null' if nullable else ''}."]
+    return []
+
+
+def fraction(key: str, value) -> list[str]:
+    """A problem unless ``value`` is a number in [0, 1]."""
+    if not is_number(value) or not 0 <= value <= 1:
+        return [f"{key}: got {value!r}; must be in [0, 1]."]
+    return []

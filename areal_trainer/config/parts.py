@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
-from .base import Checked, is_number, one_of
+from .base import Checked, at_least_one, fraction, is_number, one_of
 from .maths import maths
 
 # The maths' enumerations are defined next to the code that implements them (``config/maths.py``);
@@ -116,11 +116,8 @@ class OptimizerConfig(Checked):
         p += one_of(f"{key}.lr_scheduler_type", self.lr_scheduler_type, LR_SCHEDULES)
         if not self.lr > 0:
             p.append(f"{key}.lr: got {self.lr}; must be > 0.")
-        if not 0 <= self.warmup_steps_proportion <= 1:
-            p.append(f"{key}.warmup_steps_proportion: got {self.warmup_steps_proportion}; must be in [0, 1].")
-        if not 0 <= self.min_lr_ratio <= 1:
-            p.append(f"{key}.min_lr_ratio: got {self.min_lr_ratio}; must be in [0, 1].")
-        return p
+        return p + fraction(f"{key}.warmup_steps_proportion", self.warmup_steps_proportion) + fraction(
+            f"{key}.min_lr_ratio", self.min_lr_ratio)
 
 
 @dataclass
@@ -146,11 +143,8 @@ class MicroBatchSpec(Checked):
         else:
             p += one_of(f"{key}.packing_algorithm", self.packing_algorithm, ("ffd",))
         for name in ("n_mbs", "granularity", "n_mbs_divisor"):
-            if getattr(self, name) < 1:
-                p.append(f"{key}.{name}: got {getattr(self, name)}; must be >= 1.")
-        if self.max_tokens_per_mb is not None and self.max_tokens_per_mb < 1:
-            p.append(f"{key}.max_tokens_per_mb: got {self.max_tokens_per_mb}; must be >= 1 or null.")
-        return p
+            p += at_least_one(f"{key}.{name}", getattr(self, name))
+        return p + at_least_one(f"{key}.max_tokens_per_mb", self.max_tokens_per_mb, nullable=True)
 
 
 @dataclass

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from .actor import PPOActorConfig, PPOCriticConfig
-from .base import Checked, is_number, one_of
+from .base import Checked, at_least_one, fraction, is_number, one_of
 
 
 @dataclass
@@ -31,11 +31,8 @@ class GenerationHyperparameters(Checked):
     """Extra token ids that end an answer (EOS and pad always do)."""
 
     def check(self, key: str) -> list[str]:
-        p = []
-        for name in ("n_samples", "max_new_tokens", "max_tokens"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                p.append(f"{key}.{name}: got {v!r}; must be a positive integer.")
+        p = [x for name in ("n_samples", "max_new_tokens", "max_tokens")
+             for x in at_least_one(f"{key}.{name}", getattr(self, name))]
         if not 0 <= self.min_new_tokens <= self.max_new_tokens:
             p.append(f"{key}.min_new_tokens: got {self.min_new_tokens}; must be in [0, max_new_tokens={self.max_new_tokens}].")
         if not 0 < self.top_p <= 1:
@@ -73,12 +70,9 @@ class DatasetConfig(Checked):
                  "on prompts (type 'rl'). Its supervised warm start is configured under sft_warmup."]
         else:
             p = one_of(f"{key}.type", self.type, ("rl",))
-        if self.batch_size < 1:
-            p.append(f"{key}.batch_size: got {self.batch_size}; must be >= 1.")
-        if self.max_length is not None and self.max_length < 1:
-            p.append(f"{key}.max_length: got {self.max_length}; must be >= 1 or null.")
-        if self.max_rows is not None and self.max_rows < 1:
-            p.append(f"{key}.max_rows: got {self.max_rows}; must be >= 1 or null.")
+        p += at_least_one(f"{key}.batch_size", self.batch_size)
+        for name in ("max_length", "max_rows"):
+            p += at_least_one(f"{key}.{name}", getattr(self, name), nullable=True)
         return p
 
 
@@ -132,17 +126,13 @@ class RolloutConfig(Checked):
         p = one_of(f"{key}.backend", self.backend, ("hf", "vllm"))
         p += one_of(f"{key}.offpolicy_mode", self.offpolicy_mode, ("concurrent", "lagged"))
         p += one_of(f"{key}.dtype", self.dtype, (None, "float32", "bfloat16", "float16"))
-        if self.max_sampling_rounds < 1:
-            p.append(f"{key}.max_sampling_rounds: got {self.max_sampling_rounds}; must be >= 1.")
+        p += at_least_one(f"{key}.max_sampling_rounds", self.max_sampling_rounds)
         if self.max_head_offpolicyness < 0:
             p.append(f"{key}.max_head_offpolicyness: got {self.max_head_offpolicyness}; must be >= 0 "
                      "(0 = synchronous; AReaL's GSM8K examples use 2).")
         for name in ("consumer_batch_size", "max_concurrent_rollouts", "queue_size"):
-            v = getattr(self, name)
-            if v is not None and v < 1:
-                p.append(f"{key}.{name}: got {v}; must be >= 1 or null.")
-        if not 0 <= self.lagged_switch_prob <= 1:
-            p.append(f"{key}.lagged_switch_prob: got {self.lagged_switch_prob}; must be in [0, 1].")
+            p += at_least_one(f"{key}.{name}", getattr(self, name), nullable=True)
+        p += fraction(f"{key}.lagged_switch_prob", self.lagged_switch_prob)
         if not self.request_timeout > 0:
             p.append(f"{key}.request_timeout: got {self.request_timeout}; must be > 0 seconds.")
         return p
@@ -163,8 +153,7 @@ class RewardConfig(Checked):
         p = []
         if not isinstance(self.fn, str) or "." not in self.fn:
             p.append(f"{key}.fn: got {self.fn!r}; give an import path 'package.module.function'.")
-        if not 0 <= self.max_error_fraction <= 1:
-            p.append(f"{key}.max_error_fraction: got {self.max_error_fraction}; must be in [0, 1].")
+        p += fraction(f"{key}.max_error_fraction", self.max_error_fraction)
         return p
 
 
@@ -299,10 +288,8 @@ class TrainerConfig(Checked):
 
     def check(self, key: str) -> list[str]:
         p = []
-        if self.total_train_epochs < 1:
-            p.append(f"total_train_epochs: got {self.total_train_epochs}; must be >= 1.")
-        if self.total_train_steps is not None and self.total_train_steps < 1:
-            p.append(f"total_train_steps: got {self.total_train_steps}; must be >= 1 or null.")
+        p += at_least_one("total_train_epochs", self.total_train_epochs)
+        p += at_least_one("total_train_steps", self.total_train_steps, nullable=True)
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             p.append(f"device: got {self.device!r}; use auto, cpu, cuda or cuda:<index>.")
         return p
