@@ -120,3 +120,12 @@ def test_custom_advantage_example_from_the_command_line(tmp_path):
          "+actor.gae_lambda_kwargs.alpha=0.05"], cwd=tmp_path)
     records = _records(tmp_path / "outputs" / "grpo" / "custom")
     assert any("reward/task" in r for r in records)
+
+
+def test_loss_and_group_baseline_examples_from_the_command_line(tmp_path):
+    cli(["--config-name", "grpo", "+scale=tiny", "trial_name=plugins", "actor.ppo_n_minibatches=2",
+         "actor.loss.surrogate.implementation=examples.custom_loss.spo.spo", "+actor.loss.surrogate.kwargs.epsilon=0.2",
+         "actor.advantage.group_baseline.implementation=examples.group_baseline.pass_at_k.pass_at_k",
+         "+actor.advantage.group_baseline.kwargs.k=2"], cwd=tmp_path)
+    steps = [r for r in _records(tmp_path / "outputs" / "grpo" / "plugins") if "reward/task" in r]
+    assert steps and all("actor/spo/beyond_frac" in r and "actor/clip_frac" not in r for r in steps)
