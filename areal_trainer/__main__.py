@@ -34,6 +34,11 @@ def _task(cfg) -> float | None:
     hf_logging.disable_progress_bar()  # per-file bars while saving checkpoints would drown the step bar
     run_dir = HydraConfig.get().runtime.output_dir
     try:
+        if tcfg.scheduler.type is not None:  # start the training processes; each runs this job with it null
+            from .launch import launch
+
+            launch(tcfg, run_dir)
+            return None
         summary = run(tcfg, run_dir=run_dir)
     except (UserError, PluginError, ConfigError) as e:
         print(f"Error: {e}", file=sys.stderr)

@@ -17,7 +17,7 @@ import pytest
 
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "areal_trainer")
 LAYERS = [("errors",), ("plugins",), ("loss",), ("advantage",), ("config",), ("fsdp",), ("dist",),
-          ("data", "model", "reward", "rollout", "tracking"), ("train",), ("__main__", "__init__")]
+          ("data", "model", "reward", "rollout", "tracking"), ("train",), ("launch",), ("__main__", "__init__")]
 RANK = {unit: i for i, units in enumerate(LAYERS) for unit in units}
 
 

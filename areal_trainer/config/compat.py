@@ -17,7 +17,6 @@ REJECTED = {
     "*.is_critic": "must be false for actor/ref and true for critic (AReaL's rule); the critic is its own section",
     "train_dataset.type": "only 'rl'; 'sft' is an error that points to sft_warmup",
     "valid_dataset.type": "only 'rl'",
-    "scheduler.type": "only 'local' (one process, or several under accelerate launch / torchrun)",
 }
 """Keys whose other values are configuration errors (see each section's ``check``)."""
 
@@ -27,6 +26,8 @@ IGNORED = {
     "critic.mask_no_eos_with_zero": "it has no effect on the critic (as in AReaL); actor.mask_no_eos_with_zero "
                                     "zeroes the outcome reward of truncated rows",
     "critic.temperature": "values do not depend on a sampling temperature",
+    "cluster.cluster_name": "it is a label in AReaL",
+    "cluster.name_resolve": "processes meet through torch's rendezvous (scheduler.type=local, ray, slurm)",
 }
 """Keys that are harmless to ignore, warned about when set to anything but their default."""
 

@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Optional
 
 from .actor import PPOActorConfig, PPOCriticConfig
 from .base import Checked, at_least_one, fraction, is_number, one_of
+from .parts import _json_problems
 
 
 @dataclass
@@ -217,20 +218,62 @@ class StatsLoggerConfig(Checked):
 
 @dataclass
 class SchedulerConfig(Checked):
-    type: str = "local"
+    """Where the training processes run (AReaL's ``scheduler.type``); see ``areal_trainer/launch/``."""
+
+    type: Optional[str] = None
+    """null: in this process (or the processes ``accelerate launch`` / ``torchrun`` started). ``local``:
+    ``cluster.n_gpus_per_node`` processes on this machine. ``ray``: one process per GPU (``cluster.n_nodes``
+    x ``cluster.n_gpus_per_node``) on a Ray cluster. ``slurm``: a Slurm job of ``cluster.n_nodes`` nodes."""
+    ray_address: str = "auto"
+    """``ray``: the cluster to join: ``auto`` (``RAY_ADDRESS``, else a head on this machine), ``host:port``
+    or ``ray://host:port``."""
+    slurm_partition: Optional[str] = None
+    slurm_account: Optional[str] = None
+    slurm_time_min: int = 240
+    """``slurm``: the job's time limit in minutes."""
+    slurm_sbatch_args: Dict[str, Any] = field(default_factory=dict)
+    """``slurm``: further ``#SBATCH`` options, e.g. ``{qos: high, constraint: h100}``."""
+    slurm_executor: str = "slurm"
+    """``slurm`` submits with ``sbatch``; ``local`` runs the same job through submitit's local executor on
+    this machine (to try a Slurm setup without Slurm)."""
+    slurm_wait: bool = False
+    """``slurm``: wait for the job to end and exit with its status (default: print the job id and return)."""
 
     def check(self, key: str) -> list[str]:
-        if self.type == "local":
-            return []
-        return [f"{key}.type: got {self.type!r}; only 'local' is supported (one process, or several under "
-                "`accelerate launch`). For clusters, sweep with a Hydra launcher, e.g. "
-                "`-m hydra/launcher=submitit_slurm` (pip install hydra-submitit-launcher)."]
+        p = one_of(f"{key}.type", self.type, (None, "local", "ray", "slurm"))
+        p += one_of(f"{key}.slurm_executor", self.slurm_executor, ("slurm", "local"))
+        p += at_least_one(f"{key}.slurm_time_min", self.slurm_time_min)
+        return p + _json_problems(f"{key}.slurm_sbatch_args", self.slurm_sbatch_args)
+
+
+@dataclass
+class NameResolveConfig(Checked):
+    """AReaL's service discovery settings; processes here meet through torch's rendezvous instead."""
+
+    type: str = "nfs"
+    nfs_record_root: str = "/tmp/areal/name_resolve"
+    etcd3_addr: str = "localhost:2379"
+    ray_actor_name: str = "ray_kv_store"
 
 
 @dataclass
 class ClusterConfig(Checked):
+    """The machines of a run (AReaL's ``cluster``)."""
+
     fileroot: str = "outputs"
     """Run directories are <fileroot>/<experiment_name>/<trial_name>."""
+    n_nodes: int = 1
+    """Nodes for ``scheduler.type=ray`` or ``slurm`` (``local`` is one node)."""
+    n_gpus_per_node: Optional[int] = None
+    """Training processes per node, one per GPU (null: the GPUs visible here; 1 process on a machine
+    without a GPU, where any number of processes can share the CPU over gloo)."""
+    cluster_name: str = "local"
+    """A label in AReaL; not used here."""
+    name_resolve: NameResolveConfig = field(default_factory=NameResolveConfig)
+
+    def check(self, key: str) -> list[str]:
+        return at_least_one(f"{key}.n_nodes", self.n_nodes) + at_least_one(
+            f"{key}.n_gpus_per_node", self.n_gpus_per_node, nullable=True)
 
 
 @dataclass

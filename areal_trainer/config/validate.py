@@ -4,7 +4,9 @@ sections. Returns all problems at once; nothing here imports torch or loads a mo
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
+import shutil
 
 from .base import Checked
 from .compat import compat_warnings
@@ -66,7 +68,7 @@ def _cross_section(cfg: TrainerConfig) -> tuple[list[str], list[str]]:
     for key, path in _local_paths(cfg):
         if not os.path.exists(os.path.expanduser(path)):
             p.append(f"{key}: {path!r} does not exist (no such file or directory).")
-    p += _rollout_problems(cfg)
+    p += _rollout_problems(cfg) + _scheduler_problems(cfg)
     if cfg.dynamic_bs and cfg.rollout.dynamic_filter is None:
         w.append("dynamic_bs=true without rollout.dynamic_filter: every group is accepted, the batch is fixed.")
     return p, w
@@ -89,6 +91,26 @@ def _rollout_problems(cfg: TrainerConfig) -> list[str]:
     if eta > 0 and r.backend == "vllm" and r.offpolicy_mode == "lagged" and r.lagged_switch_prob > 0:
         p.append("rollout.lagged_switch_prob > 0 needs rollout.backend=hf: the vllm backend cannot switch weights "
                  "inside a generation call. Use rollout.backend=hf or rollout.lagged_switch_prob=0.")
+    return p
+
+
+def _scheduler_problems(cfg: TrainerConfig) -> list[str]:
+    """Launch settings that cannot work, before anything starts."""
+    s, c = cfg.scheduler, cfg.cluster
+    p = []
+    if s.type == "local" and c.n_nodes > 1:
+        p.append(f"cluster.n_nodes={c.n_nodes} with scheduler.type=local: local runs on this machine only. Set "
+                 "cluster.n_nodes=1, or use scheduler.type=slurm or scheduler.type=ray for several nodes.")
+    if s.type == "ray" and importlib.util.find_spec("ray") is None:
+        p.append("scheduler.type=ray needs the 'ray' package: pip install -e '.[ray]' (or pip install ray).")
+    if s.type == "slurm" and s.slurm_executor == "slurm" and shutil.which("sbatch") is None:
+        p.append("scheduler.type=slurm: there is no `sbatch` here. Run on a Slurm login node, or set "
+                 "scheduler.slurm_executor=local to run the job through submitit's local executor.")
+    if s.type == "slurm" and s.slurm_executor == "local" and c.n_nodes > 1:
+        p.append(f"cluster.n_nodes={c.n_nodes} with scheduler.slurm_executor=local: the local executor runs on this "
+                 "machine only; set cluster.n_nodes=1.")
+    if s.type == "slurm" and importlib.util.find_spec("submitit") is None:
+        p.append("scheduler.type=slurm needs the 'submitit' package: pip install -e '.[slurm]'.")
     return p
 
 

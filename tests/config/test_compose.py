@@ -95,12 +95,12 @@ def test_wrong_type_and_all_problems_together():
 
 def test_bad_enum_values_reported_together():
     problems = _problems(["actor.importance_sampling_level=seq", "actor.kl_estimator=k4",
-                          "actor.adv_norm.mean_level=batchh", "scheduler.type=ray"])
+                          "actor.adv_norm.mean_level=batchh", "scheduler.type=cluster"])
     text = "\n".join(problems)
     assert "actor.importance_sampling_level: got 'seq'" in text
     assert "actor.kl_estimator: got 'k4'" in text
     assert "Did you mean 'batch'" in text
-    assert "scheduler.type: got 'ray'; only 'local' is supported" in text
+    assert "scheduler.type: got 'cluster'; must be one of null, 'local', 'ray', 'slurm'" in text
 
 
 def test_cross_field_rules():
