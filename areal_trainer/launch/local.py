@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import uuid
 
 from ..errors import UserError
@@ -11,7 +12,7 @@ from ..errors import UserError
 def run_local(cmd: list[str], *, nprocs: int, run_dir: str) -> None:
     """Run ``cmd`` as ``nprocs`` ranks; rank 0's output is shown, every rank's is kept under
     ``<run_dir>/logs``. A failing rank stops the others and raises ``UserError`` naming it."""
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, Std
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -29,6 +30,12 @@ def run_local(cmd: list[str], *, nprocs: int, run_dir: str) -> None:
         rank, failure = e.get_first_failure()
         raise UserError(f"rank {rank} of {nprocs} failed (exit code {failure.exitcode}); the other ranks were "
                         f"stopped. Its output: {_rank_log(log_dir, rank)}") from None
+    except SignalException as e:  # the launcher stopped every rank; report it as the signal it was
+        from ..train.run import Terminated
+
+        if e.sigval == signal.SIGINT:
+            raise KeyboardInterrupt from None
+        raise Terminated(128 + int(e.sigval)) from None
 
 
 def _rank_log(log_dir: str, rank: int) -> str:

@@ -190,3 +190,22 @@ def test_the_sbatch_script_asks_for_the_nodes_tasks_and_options(tmp_path, monkey
                  "#SBATCH --partition=gpu", "#SBATCH --account=rl", "#SBATCH --time=90", "#SBATCH --qos=high",
                  "srun"):
         assert line in script, line
+
+
+def test_sigterm_to_the_local_launcher_stops_every_rank(tmp_path):
+    proc = popen([*TINY[:-1], "total_train_steps=500", "scheduler.type=local", "cluster.n_gpus_per_node=2",
+                  "saver.freq_steps=2", "evaluator.freq_steps=null", "trial_name=term"], cwd=tmp_path)
+    run = tmp_path / "outputs" / "grpo" / "term"
+    deadline = time.time() + 240
+    while not (run / "checkpoints" / "step_2" / "COMPLETE").exists():
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.time() < deadline
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    try:
+        _, err = proc.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError("the job did not stop after SIGTERM") from None
+    assert proc.returncode == 143 and "Stopped by SIGTERM" in err and "Traceback" not in err
+    assert not _ranks_of(proc.pid)
