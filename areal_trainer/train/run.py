@@ -234,7 +234,10 @@ class RLTrainer:
             batch = self.source.next_batch(self.version)
         metrics = batch.metrics
         self.trained_prompts = batch.prompt_ids
-        if not batch.groups:  # dynamic_bs and no prompt group passed the filter: nothing to train on
+        # dynamic_bs and no prompt group passed the filter: nothing to train on. Every process skips the
+        # step together (with asynchronous rollout each one's batch is its own).
+        if self.dist.any(not batch.groups):
+            self.trained_prompts = []
             self._advance()
             return {**metrics, "reward/task": metrics["reward/sampled"], "update/skipped_empty_batch": 1.0,
                     "lr": self.scheduler.get_last_lr()[0], "time/step": time.time() - t0}
