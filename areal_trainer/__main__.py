@@ -7,6 +7,7 @@ reported together. Then the config is validated (every rule and plugin) before a
 
 from __future__ import annotations
 
+import os
 import sys
 
 
@@ -42,6 +43,15 @@ def _task(cfg) -> float | None:
         summary = run(tcfg, run_dir=run_dir)
     except (UserError, PluginError, ConfigError) as e:
         print(f"Error: {e}", file=sys.stderr)
+        sys.exit(1)
+    except RuntimeError as e:
+        from .dist import peer_lost
+
+        if not peer_lost(e):
+            raise
+        rank = os.environ.get("RANK", "?")
+        print(f"Error: rank {rank} lost contact with another rank of the job ({str(e).splitlines()[0][:200]}); "
+              "stopping. The failing rank is named by the launcher and its log.", file=sys.stderr)
         sys.exit(1)
     except (KeyboardInterrupt, Terminated) as e:
         how, code = ("SIGTERM", e.code) if isinstance(e, Terminated) else ("Ctrl-C", 130)

@@ -28,6 +28,17 @@ from . import fsdp as fsdp_mod
 from .loss.stats import combine
 
 
+_PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "NCCL communicator was aborted",
+              "Socket Timeout", "connection was closed")
+
+
+def peer_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` is a collective failing because another rank of the job went away. That rank's
+    own failure is the cause (the launcher names it); this one is only its echo."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1 and isinstance(exc, RuntimeError) and \
+        any(s.lower() in str(exc).lower() for s in _PEER_LOST)
+
+
 @dataclass
 class DistContext:
     rank: int = 0
