@@ -2,7 +2,9 @@
 
 Before Hydra parses anything, ``+key=value`` is made to work for keys the YAML already sets, and
 every override is checked against the schema so that all unknown keys and wrong types are
-reported together. Then the config is validated (every rule and plugin) before any model loads.
+reported together (with the problems of the config composed without those overrides, in one round).
+Then the config is validated (every rule and plugin) before any model loads; a run that fails
+before training leaves no run directory behind (``tracking/rundir.py``).
 """
 
 from __future__ import annotations
@@ -20,10 +22,13 @@ def _task(cfg) -> float | None:
     from hydra.core.hydra_config import HydraConfig
 
     from .config import ConfigError, to_trainer_config
+    from .tracking.rundir import remove_if_unused
 
+    run_dir = HydraConfig.get().runtime.output_dir
     try:
         tcfg = to_trainer_config(cfg)
     except ConfigError as e:
+        remove_if_unused(run_dir)
         _fail(str(e))
     from transformers.utils import logging as hf_logging
 
@@ -33,7 +38,6 @@ def _task(cfg) -> float | None:
     from .train.run import Terminated, run
 
     hf_logging.disable_progress_bar()  # per-file bars while saving checkpoints would drown the step bar
-    run_dir = HydraConfig.get().runtime.output_dir
     try:
         if tcfg.scheduler.type is not None:  # start the training processes; each runs this job with it null
             from .launch import launch
@@ -42,6 +46,7 @@ def _task(cfg) -> float | None:
             return None
         summary = run(tcfg, run_dir=run_dir)
     except (UserError, PluginError, ConfigError) as e:
+        remove_if_unused(run_dir)  # only while it holds nothing but Hydra's files (failed before training)
         print(f"Error: {e}", file=sys.stderr)
         sys.exit(1)
     except RuntimeError as e:
@@ -64,15 +69,21 @@ def _task(cfg) -> float | None:
 
 
 def main() -> None:
+    from .config.help import handle_help
+
+    code = handle_help(sys.argv[1:])  # before Hydra, whose own --help knows nothing of the schema's keys
+    if code is not None:
+        sys.exit(code)
     import hydra
 
-    from .config.overrides import check_overrides, normalize_overrides
+    from .config.loader import override_problems
+    from .config.overrides import config_name_of, normalize_overrides
     from .config.store import register_configs
 
     register_configs()
     args = normalize_overrides(sys.argv[1:])
     values = [a for a in args if not a.startswith("-") and "=" in a]
-    problems = check_overrides(values)
+    problems = override_problems(config_name_of(args), values)  # with any, also the config's own problems
     if problems:
         from .config import ConfigError
 

@@ -27,7 +27,6 @@ import torch.distributed as dist
 from . import fsdp as fsdp_mod
 from .loss.stats import combine
 
-
 _PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "NCCL communicator was aborted",
               "Socket Timeout", "connection was closed")
 

@@ -7,20 +7,27 @@
 # override (e.g. TORCH_SPEC="torch==2.8.0" on a GPU box), or install torch yourself.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# pip itself stays quiet (pipq); these lines say what a first setup spends its minutes on.
+say() { echo "setup: $*"; }
+start=$SECONDS
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
+  say "creating .venv ($PY -m venv)"
   "$PY" -m venv .venv
 fi
 VPY=.venv/bin/python
 source scripts/pip_quiet.sh
 if ! "$VPY" -c "import torch" 2>/dev/null; then
   if [ -n "${TORCH_SPEC:-}" ]; then
-    spec="$TORCH_SPEC"
+    spec="$TORCH_SPEC" why="TORCH_SPEC"
   elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-    spec="torch"
+    spec="torch" why="a CUDA GPU is present"
   else
-    spec="torch==2.13.0"
+    spec="torch==2.13.0" why="the CPU build: no CUDA GPU here"
   fi
+  say "installing $spec ($why) first ..."
   pipq install "$spec"
 fi
+say "installing areal_trainer and its dev extras (pip install -e '.[dev]') ..."
 pipq install -e ".[dev]"
+say "done in $((SECONDS - start)) s"

@@ -45,13 +45,17 @@ class PPOActorConfig(TrainEngineConfig):
     reward_norm: Optional[NormConfig] = None
     """Normalisation of the per-sequence scalar reward (GRPO: group/group)."""
     reward_scaling: float = 1.0
+    """Multiplies the reward after ``reward_bias`` is added (see ``reward_bias``)."""
     reward_bias: float = 0.0
     """The reward becomes clip((r + reward_bias) * reward_scaling, -reward_clip, reward_clip)."""
     reward_clip: float = 20.0
+    """Bound of the scaled reward's absolute value (see ``reward_bias``)."""
     overlong_reward_penalty: bool = False
     """DAPO soft overlong punishment: linear penalty over the last ``overlong_tokens`` before max_new_tokens."""
     overlong_tokens: Optional[int] = None
+    """Length of the penalised zone at the end of the answer budget (DAPO: 512)."""
     overlong_penalty_factor: Optional[float] = None
+    """Penalty at ``max_new_tokens``: 0 at the start of the zone, falling linearly to -factor (DAPO: 1.0)."""
     mask_no_eos_with_zero: bool = False
     """Replace the outcome reward of truncated rows (no EOS) with 0."""
     max_new_tokens: int = 1024
@@ -75,11 +79,14 @@ class PPOActorConfig(TrainEngineConfig):
     kl_ctl: float = 0.1
     """KL coefficient; > 0 needs a ``ref`` section. The presets set 0."""
     kl_estimator: str = "k1"
+    """Per-token estimator of KL(policy || ref) in the reward: ``k1`` (log-ratio), ``k2`` or ``k3``."""
     # -- SAPO -------------------------------------------------------------------------------
     use_sapo_loss: bool = False
     """Soft sigmoid gates instead of hard clipping; needs use_decoupled_loss=false."""
     sapo_tau_pos: float = 1.0
+    """SAPO gate temperature for tokens with a positive advantage (> 0)."""
     sapo_tau_neg: float = 1.05
+    """SAPO gate temperature for tokens with a zero or negative advantage (> 0)."""
     # -- off-policy correction ----------------------------------------------------------------
     recompute_logprob: bool = False
     """Recompute pi_old with the current weights before the update (without the decoupled loss)."""
@@ -138,10 +145,13 @@ class PPOCriticConfig(TrainEngineConfig):
     """The value model of PPO: initialised from ``path`` with a scalar value head."""
 
     is_critic: bool = True
+    """Marks the value model (AReaL's flag); must be true here."""
     ppo_n_minibatches: int = 4
+    """Critic optimizer steps per training iteration: the batch is split into this many minibatches."""
     eps_clip: float = 0.5
     """Value clipping range, in absolute value units."""
     mask_no_eos_with_zero: bool = False
+    """Kept for AReaL configs; no effect on the critic (``actor.mask_no_eos_with_zero`` acts)."""
 
     def check(self, key: str) -> list[str]:
         p = super().check(key) + at_least_one(f"{key}.ppo_n_minibatches", self.ppo_n_minibatches)

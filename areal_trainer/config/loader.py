@@ -17,7 +17,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from ..plugins import PluginError, check_signature, import_object, resolve
 from .base import ConfigError, deferred_validation
-from .overrides import check_overrides, normalize_overrides
+from .overrides import normalize_overrides, split_overrides
 from .schema import TrainerConfig
 from .store import register_configs
 from .validate import collect
@@ -31,9 +31,8 @@ def load_config(config_name: str = "config", overrides: Sequence[str] = ()) -> T
     Raises:
         ConfigError: listing every problem (unknown keys, wrong types, bad values, plugins).
     """
-    register_configs()
     args = normalize_overrides(list(overrides))
-    problems = check_overrides(args)
+    problems = override_problems(config_name, args)
     if problems:
         raise ConfigError(problems)
     try:
@@ -129,3 +128,25 @@ def advantage_problems(cfg: TrainerConfig) -> list[str]:
     except (ConfigError, PluginError) as e:
         return list(getattr(e, "problems", [str(e)]))
     return []
+
+
+def override_problems(config_name: str | None, overrides: Sequence[str]) -> list[str]:
+    """Unknown keys and wrong types of ``overrides`` and, when there are any, every problem of the config
+    ``config_name`` composed with those overrides left out, so that one round reports them all
+    (``config_name=None``: only the overrides' own problems). Composing creates no run directory."""
+    register_configs()
+    problems, usable = split_overrides(normalize_overrides(list(overrides)))
+    if not problems or config_name is None:
+        return problems
+    usable = [a for a in usable if not a.lstrip("+~").startswith("hydra")]  # Hydra's own settings do not matter
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # they are shown once the config is run
+            with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
+                cfg = compose(config_name=config_name, overrides=usable)
+            to_trainer_config(cfg)
+    except ConfigError as e:
+        problems += e.problems
+    except (HydraException, OmegaConfBaseException) as e:
+        problems.append(str(e).strip())
+    return list(dict.fromkeys(problems))

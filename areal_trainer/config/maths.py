@@ -2,7 +2,8 @@
 
 They are defined next to the code that implements them (``loss/``, ``advantage/``) and imported
 here when a config is first checked, not when the schema is imported: that import pulls in torch,
-most of the command line's start-up time, and unknown keys and wrong types are reported before it.
+most of the command line's start-up time (a run with a bad override pays it too: the rest of its config is
+validated in the same round, see ``loader.override_problems``).
 """
 
 from __future__ import annotations

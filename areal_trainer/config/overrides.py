@@ -13,6 +13,7 @@ from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ChoiceSweep, OverrideType
+from hydra.errors import OverrideParseException
 
 from .schema import TrainerConfig
 
@@ -111,27 +112,56 @@ def _tname(tp: Any) -> str:
 
 def check_overrides(args: list[str]) -> list[str]:
     """Problems of the value overrides in ``args`` (unknown keys, wrong types), all at once."""
+    return split_overrides(args)[0]
+
+
+def split_overrides(args: list[str]) -> tuple[list[str], list[str]]:
+    """(every problem of ``args``, the overrides of ``args`` that have none, in order); an override Hydra
+    cannot parse is a problem too."""
     parser = OverridesParser.create()
-    problems = []
+    problems: list[str] = []
+    usable: list[str] = []
     known = schema_keys()
-    for ov in parser.parse_overrides(args):
-        key = ov.key_or_group
-        if key in CONFIG_GROUPS or "/" in key or key.startswith("hydra") or ov.package is not None:
+    for arg in args:
+        try:
+            (ov,) = parser.parse_overrides([arg])
+        except OverrideParseException as e:
+            problems.append(f"{arg}: Hydra cannot parse this override ({str(e).splitlines()[0]}).")
             continue
-        if ov.type == OverrideType.DEL:
-            continue
-        kind, tp = lookup(key)
-        if kind == "missing":
-            close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            problems.append(f"{key}: not a configuration key.{hint}")
-            continue
-        if kind != "leaf":
-            continue
-        raw = ov.value()
-        values = raw.list if isinstance(raw, ChoiceSweep) else ([] if ov.is_sweep_override() else [raw])
-        for v in values:
-            msg = _type_problem(key, tp, v)
-            if msg:
-                problems.append(msg)
-    return problems
+        mine = _override_problems(ov, known)
+        problems += mine
+        if not mine:
+            usable.append(arg)
+    return problems, usable
+
+
+def _override_problems(ov, known: list[str]) -> list[str]:
+    key = ov.key_or_group
+    if key in CONFIG_GROUPS or "/" in key or key.startswith("hydra") or ov.package is not None:
+        return []
+    if ov.type == OverrideType.DEL:
+        return []
+    kind, tp = lookup(key)
+    if kind == "missing":
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        return [f"{key}: not a configuration key.{hint}"]
+    if kind != "leaf":
+        return []
+    raw = ov.value()
+    values = raw.list if isinstance(raw, ChoiceSweep) else ([] if ov.is_sweep_override() else [raw])
+    return [msg for v in values if (msg := _type_problem(key, tp, v))]
+
+
+def config_name_of(argv: list[str], default: str = "config") -> str | None:
+    """The primary config a command line names (``--config-name x``, ``-cn x``, ``--config-name=x``), or
+    None where it cannot be composed from the package's configs alone (``--config-path``, ``--config-dir``,
+    a ``-m`` sweep)."""
+    name = default
+    for i, a in enumerate(argv):
+        opt, eq, value = a.partition("=")
+        if opt in ("--config-path", "-cp", "--config-dir", "-cd", "-m", "--multirun"):
+            return None
+        if opt in ("--config-name", "-cn"):
+            name = value if eq else (argv[i + 1] if i + 1 < len(argv) else default)
+    return name

@@ -98,10 +98,15 @@ class OptimizerConfig(Checked):
     type: str = "adam"
     """``adam`` (decoupled weight decay, i.e. AdamW), ``adamw`` (same) or ``sgd``."""
     lr: float = 1e-3
+    """Peak learning rate (reached at the end of the warm-up)."""
     weight_decay: float = 0.01
+    """Weight decay (decoupled from the gradient for ``adam``/``adamw``)."""
     beta1: float = 0.9
+    """Adam's first-moment decay."""
     beta2: float = 0.999
+    """Adam's second-moment decay."""
     eps: float = 1e-8
+    """Adam's denominator epsilon."""
     min_lr_ratio: float = 0.0
     """Final lr as a fraction of ``lr`` for the linear and cosine schedules."""
     lr_scheduler_type: str = "constant"
@@ -152,7 +157,9 @@ class StageConfig(Checked):
     """One stage of the advantage computation: a built-in name or an import path, plus kwargs."""
 
     implementation: str = "auto"
+    """A built-in name (``auto``: the stage's default) or an import path ``package.module.function``."""
     kwargs: Dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments of the function."""
 
     def check(self, key: str) -> list[str]:
         p = []
@@ -166,9 +173,16 @@ class AdvantageConfig(Checked):
     """``actor.advantage``: replace the whole advantage computation, or single stages of it."""
 
     compute: Optional[StageConfig] = field(default_factory=lambda: StageConfig(implementation="default"))
+    """``default`` (the staged pipeline below), or an import path of a function replacing the whole
+    advantage computation (then no stage may be set)."""
     outcome_reward_shaping: Optional[StageConfig] = None
+    """Shapes the outcome rewards before bias/scale/clip and ``reward_norm`` (null/``auto``: ``identity``)."""
     estimator: Optional[StageConfig] = None
+    """Temporal estimation of advantages and returns: ``token_gae`` or ``turn_gae`` (null/``auto``: by
+    ``gae_timestep_unit``)."""
     process_adv_shaping: Optional[StageConfig] = None
+    """Combines process (token) rewards with the advantages after ``adv_norm``: ``additive``, ``gvpo``,
+    ``process_weighted`` (null/``auto``: the PRM mode passed with the batch, else ``additive``)."""
     group_baseline: Optional[StageConfig] = None
     """In place of ``reward_norm``: ``fn(GroupBaselineInputs, **kwargs) -> [B]`` scores (null/``auto``:
     ``reward_norm``)."""
@@ -237,7 +251,9 @@ class TrainEngineConfig(Checked):
     """null = forward-only (the reference model)."""
     mb_spec: MicroBatchSpec = field(default_factory=MicroBatchSpec)
     gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass: less memory, more compute."""
     is_critic: bool = False
+    """AReaL's flag for the value model; false for ``actor`` and ``ref`` (the critic is its own section)."""
 
     def check(self, key: str) -> list[str]:
         p = one_of(f"{key}.dtype", self.dtype, DTYPES)

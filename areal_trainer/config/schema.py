@@ -21,13 +21,19 @@ class GenerationHyperparameters(Checked):
     n_samples: int = 1
     """Answers sampled per prompt: the group size G."""
     max_new_tokens: int = 16384
+    """Most tokens generated per answer."""
     min_new_tokens: int = 0
+    """End-of-answer tokens are suppressed until an answer has this many tokens."""
     max_tokens: int = 32768
     """Prompt + answer length limit."""
     greedy: bool = False
+    """Greedy decoding (argmax); temperature, top_p and top_k are then not used."""
     top_p: float = 1.0
+    """Nucleus sampling: sample from the smallest token set with this much probability (1 = off)."""
     top_k: int = 100000000
+    """Sample from the k most likely tokens (0, or at least the vocabulary size, = off)."""
     temperature: float = 1.0
+    """Sampling temperature (the logits are divided by it)."""
     stop_token_ids: List[int] = field(default_factory=list)
     """Extra token ids that end an answer (EOS and pad always do)."""
 
@@ -50,20 +56,28 @@ class DatasetConfig(Checked):
     """A prompt dataset: ``builtin:arith`` (generated offline), a HF hub id, or a local jsonl/parquet file."""
 
     path: str = "builtin:arith"
+    """``builtin:arith``, a HF hub dataset id, or a local ``.jsonl``/``.json``/``.parquet``/``.csv`` file."""
     name: Optional[str] = None
     """HF dataset config name (``main`` for openai/gsm8k)."""
     split: str = "train"
+    """Split to load from a HF dataset (``builtin:arith`` has ``train`` and ``test``); a local file is one split."""
     type: str = "rl"
+    """AReaL's dataset type; only ``rl`` (prompts with reference answers) is supported."""
     batch_size: int = 8
     """Prompts per step (each sampled gconfig.n_samples times)."""
     shuffle: bool = True
+    """Training prompts come in a new seeded order every epoch (false: file order)."""
     drop_last: bool = True
+    """An epoch uses only whole batches, leaving out the remainder of the prompts (false: every prompt is
+    used and the last batch is completed from the next epoch)."""
     max_length: Optional[int] = None
     """Drop prompts whose question is longer than this many tokens."""
     max_rows: Optional[int] = None
     """Use at most this many rows (for builtin:arith: how many problems to generate)."""
     question_key: str = "question"
+    """Field of a row that holds the question (the prompt)."""
     answer_key: str = "answer"
+    """Field of a row that holds the reference answer given to the reward function."""
 
     def check(self, key: str) -> list[str]:
         if self.type == "sft":
@@ -88,6 +102,7 @@ class RolloutConfig(Checked):
     workflow: str = "areal_trainer.rollout.workflow.RLVRWorkflow"
     """Import path of the workflow class that turns one prompt into trajectories."""
     workflow_kwargs: Dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments of the workflow class (e.g. ``max_turns`` of the multi-turn workflow)."""
     dynamic_filter: Optional[str] = None
     """Import path of ``fn(group) -> bool`` deciding whether a prompt's group is trained on
     (``areal_trainer.rollout.filters.has_reward_variance`` is DAPO's dynamic sampling)."""
@@ -144,7 +159,9 @@ class RewardConfig(Checked):
     """The reward function ``fn(prompt, completion, answer, **kwargs) -> float``, by import path."""
 
     fn: str = "areal_trainer.reward.math.gsm8k_reward_fn"
+    """Import path of the reward function."""
     kwargs: Dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments passed to the reward function on every call."""
     error_value: float = 0.0
     """Reward given to a sample whose reward function raised."""
     max_error_fraction: float = 0.5
@@ -161,8 +178,11 @@ class RewardConfig(Checked):
 @dataclass
 class _Freq(Checked):
     freq_epochs: Optional[int] = None
+    """At the end of every this many epochs (null: not by epochs)."""
     freq_steps: Optional[int] = None
+    """After every this many training steps (null: not by steps)."""
     freq_secs: Optional[float] = None
+    """After a step, when at least this many seconds have passed since the last time (null: not by time)."""
 
     def check(self, key: str) -> list[str]:
         return [f"{key}.{n}: got {getattr(self, n)}; must be > 0 or null."
@@ -183,6 +203,7 @@ class EvaluatorConfig(_Freq):
     """Held-out evaluation on ``valid_dataset`` with ``eval_gconfig``."""
 
     eval_before_train: bool = False
+    """Also evaluate once before the first training step (the run always evaluates after the last one)."""
 
 
 @dataclass
@@ -190,7 +211,10 @@ class RecoverConfig(_Freq):
     """Resume: ``auto``/``on`` resume from the newest complete checkpoint of the run directory."""
 
     mode: str = "disabled"
+    """``auto`` or ``on``: resume; ``disabled`` or ``off``: start fresh, and refuse a run directory that
+    already holds checkpoints. Its ``freq_*`` keys write checkpoints too, like ``saver``'s."""
     retries: int = 3
+    """AReaL's automatic restarts; ignored here (restart the command with ``mode=auto``)."""
 
     def check(self, key: str) -> list[str]:
         return super().check(key) + one_of(f"{key}.mode", self.mode, ("on", "auto", "off", "disabled"))
@@ -198,11 +222,16 @@ class RecoverConfig(_Freq):
 
 @dataclass
 class WandbConfig(Checked):
+    """Weights & Biases logging of the metrics (``wandb.init`` settings); the run is named <experiment_name>/<trial_name>."""
+
     mode: str = "offline"
     """``offline`` (default; never touches the network), ``online``, or ``disabled``."""
     project: str = "areal_trainer"
+    """W&B project of the runs."""
     entity: Optional[str] = None
+    """W&B user or team (null: the default entity of the login)."""
     tags: List[str] = field(default_factory=list)
+    """Tags of the W&B run."""
 
     def check(self, key: str) -> list[str]:
         return one_of(f"{key}.mode", self.mode, ("offline", "online", "disabled"))
@@ -214,6 +243,17 @@ class StatsLoggerConfig(Checked):
     progress_bar: bool = True
     plot: bool = True
     """Write ``curves.png`` (reward and held-out accuracy) into the run directory at the end."""
+    samples_per_step: int = 4
+    """Sampled trajectories appended to ``samples.jsonl`` (and a wandb table) each step, 0 disables:
+    the first answer of each prompt group in batch order, then the second answers, ... (no randomness).
+    Each record holds the prompt and completion text, the reward, the advantage (the mean over the
+    row's loss tokens), the answer length and the policy versions of the sampled tokens."""
+
+    def check(self, key: str) -> list[str]:
+        v = self.samples_per_step
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            return [f"{key}.samples_per_step: got {v!r}; must be an integer >= 0 (0 writes no samples.jsonl)."]
+        return []
 
 
 @dataclass
@@ -228,7 +268,9 @@ class SchedulerConfig(Checked):
     """``ray``: the cluster to join: ``auto`` (``RAY_ADDRESS``, else a head on this machine), ``host:port``
     or ``ray://host:port``."""
     slurm_partition: Optional[str] = None
+    """``slurm``: the partition (null: the cluster's default)."""
     slurm_account: Optional[str] = None
+    """``slurm``: the account charged for the job (null: the user's default)."""
     slurm_time_min: int = 240
     """``slurm``: the job's time limit in minutes."""
     slurm_sbatch_args: Dict[str, Any] = field(default_factory=dict)
@@ -251,9 +293,13 @@ class NameResolveConfig(Checked):
     """AReaL's service discovery settings; processes here meet through torch's rendezvous instead."""
 
     type: str = "nfs"
+    """AReaL's name-resolve backend; not used here."""
     nfs_record_root: str = "/tmp/areal/name_resolve"
+    """AReaL's ``nfs`` backend directory; not used here."""
     etcd3_addr: str = "localhost:2379"
+    """AReaL's ``etcd3`` backend address; not used here."""
     ray_actor_name: str = "ray_kv_store"
+    """AReaL's ``ray`` backend actor; not used here."""
 
 
 @dataclass
@@ -283,8 +329,11 @@ class SFTWarmupConfig(Checked):
     steps: Optional[int] = None
     """null = only for built-in (randomly initialised) models; 0 disables."""
     lr: float = 3e-3
+    """Peak learning rate of the warm start (AdamW, cosine decay to a tenth)."""
     batch_size: int = 32
+    """Rows (prompt + reference answer) per warm-start step, drawn at random with replacement."""
     warmup_steps: int = 20
+    """Steps of linear learning-rate warm-up."""
     cache: bool = True
     """Reuse the result of an identical earlier warm start (same model, data, settings, seed and code),
     stored under ``$AREAL_TRAINER_CACHE`` (default ``~/.cache/areal_trainer``)."""
@@ -300,25 +349,41 @@ class TrainerConfig(Checked):
     """Root of the configuration tree."""
 
     experiment_name: str = "areal_trainer"
+    """Name of the experiment: the run directory's parent (see ``cluster.fileroot``) and the W&B group."""
     trial_name: str = "trial0"
+    """Name of this run within the experiment: the run directory's last part."""
     algorithm: str = "custom"
     """Name of the algorithm preset (set by conf/algo/*.yaml); used in run names and sweep tables."""
     seed: int = 1
+    """Seed of the data order, the sampling and any random initialisation."""
     device: str = "auto"
     """``auto`` = CUDA when available, else CPU; or ``cpu``, ``cuda``, ``cuda:1``."""
     total_train_epochs: int = 1
+    """Passes over the training prompts."""
     total_train_steps: Optional[int] = None
+    """Stop after this many training steps if that comes before ``total_train_epochs`` (null: no step limit)."""
     tokenizer_path: Optional[str] = None
     """null = actor.path."""
+    allow_builtin_model_on_any_data: bool = False
+    """Let a built-in model or tokenizer (``builtin:*`` actor.path / tokenizer_path) run on data other than the
+    built-in task. Off by default, a configuration error: the built-in word-level tokenizer knows only the
+    built-in task's words, so real data becomes mostly ``<unk>`` and the run scores 0. For plumbing tests."""
     dynamic_bs: bool = False
     """With a dynamic filter: train on whatever one round of sampling accepted (variable batch)."""
     gconfig: GenerationHyperparameters = field(default_factory=GenerationHyperparameters)
+    """Sampling of the training rollouts."""
     eval_gconfig: GenerationHyperparameters = field(default_factory=GenerationHyperparameters)
+    """Sampling of the held-out evaluation."""
     train_dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    """The training prompts."""
     valid_dataset: Optional[DatasetConfig] = None
+    """The held-out prompts of the evaluation (null: no evaluation, so ``evaluator`` must not schedule any)."""
     actor: PPOActorConfig = field(default_factory=PPOActorConfig)
     ref: Optional[PPOActorConfig] = None
+    """The frozen reference policy of the KL penalty, needed when ``actor.kl_ctl > 0``. Only ``path`` and
+    ``dtype`` are read (the same path as ``actor.path``: a copy of the policy as RL starts)."""
     critic: Optional[PPOCriticConfig] = None
+    """The value model of PPO's GAE (null: no critic, as in GRPO)."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     sft_warmup: SFTWarmupConfig = field(default_factory=SFTWarmupConfig)

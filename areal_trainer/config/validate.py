@@ -10,6 +10,7 @@ import shutil
 
 from .base import Checked
 from .compat import compat_warnings
+from .pitfalls import useless_run_problems
 from .schema import TrainerConfig
 
 
@@ -52,11 +53,8 @@ def _cross_section(cfg: TrainerConfig) -> tuple[list[str], list[str]]:
     if (needs_eval or cfg.evaluator.eval_before_train) and cfg.valid_dataset is None:
         p.append("evaluator: evaluation is scheduled but valid_dataset is null; set valid_dataset.path "
                  "or remove the evaluator frequencies.")
-    for name in ("reward_norm", "adv_norm"):
-        norm = getattr(a, name)
-        if norm is not None and norm.uses_group_statistics and cfg.gconfig.n_samples == 1:
-            w.append(f"actor.{name} uses group statistics but gconfig.n_samples=1: singleton group "
-                     "centring erases the task reward.")
+    p_useless, w_useless = useless_run_problems(cfg)
+    p, w = p + p_useless, w + w_useless
     if abs(a.temperature - cfg.gconfig.temperature) > 1e-9 and not cfg.gconfig.greedy:
         w.append(f"actor.temperature={a.temperature} differs from gconfig.temperature={cfg.gconfig.temperature}: "
                  "the training log-probabilities then do not match the sampling policy.")

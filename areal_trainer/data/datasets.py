@@ -32,13 +32,62 @@ def load_rows(cfg: DatasetConfig, key: str) -> list[dict]:
     rows = _load_hf(cfg, key)
     if cfg.max_rows is not None:
         rows = rows[: cfg.max_rows]
-    for i, row in enumerate(rows):
-        for field in (cfg.question_key, cfg.answer_key):
-            if field not in row or row[field] is None or str(row[field]).strip() == "":
-                raise UserError(f"{key}: row {i} of {cfg.path!r} has no {field!r} field "
-                                f"(fields: {', '.join(sorted(row))}). Set {key}.question_key / "
-                                f"{key}.answer_key to the right column names, or fix the row.")
+    bad = [i for i, row in enumerate(rows) if _unusable(row, cfg)]
+    if bad:
+        raise UserError(_row_problem(cfg, key, rows, bad))
     return [{"question": str(r[cfg.question_key]), "answer": str(r[cfg.answer_key])} for r in rows]
+
+
+def _unusable(row: dict, cfg: DatasetConfig) -> list[str]:
+    """The required fields of ``row`` that are missing (or null) or empty, each described."""
+    out = []
+    for field in (cfg.question_key, cfg.answer_key):
+        if row.get(field) is None:
+            out.append(f"no {field!r} field")
+        elif str(row[field]).strip() == "":
+            out.append(f"an empty {field!r} field")
+    return out
+
+
+def _row_problem(cfg: DatasetConfig, key: str, rows: list[dict], bad: list[int]) -> str:
+    """The first bad row, 1-based (its line number in a jsonl file), with the fields it has and those required."""
+    i = bad[0]
+    row = rows[i]
+    where = f"row {i + 1}"
+    if cfg.path.lower().endswith(".jsonl") and os.path.isfile(cfg.path):
+        where = f"line {_jsonl_line(cfg.path, i)}"  # blank lines hold no row
+    # A local file's rows all carry every column of the file; those this row lacks are null.
+    present = ", ".join(repr(k) for k, v in row.items() if v is not None) or "none"
+    others = f" ({len(bad) - 1} more of the {len(rows)} rows also lack a usable field)" if len(bad) > 1 else ""
+    return (f"{key}: {where} of {cfg.path!r} has {' and '.join(_unusable(row, cfg))}{others}. Fields in that "
+            f"row: {present}; required: {cfg.question_key!r} ({key}.question_key) and {cfg.answer_key!r} "
+            f"({key}.answer_key), both non-empty. Set {key}.question_key / {key}.answer_key to the right column "
+            "names, or fix the rows.")
+
+
+def _jsonl_line(path: str, index: int) -> int:
+    """The 1-based line number of the ``index``-th (0-based) non-blank line of a jsonl file."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        seen = -1
+        for n, line in enumerate(f, 1):
+            seen += bool(line.strip())
+            if seen == index:
+                return n
+    return index + 1
+
+
+def check_fits_batch(samples: list[dict], cfg: DatasetConfig, key: str, world_size: int = 1) -> None:
+    """A training set must hold one whole batch (with ``drop_last`` an epoch would otherwise have no step)."""
+    n = len(samples)
+    if not cfg.drop_last or n >= cfg.batch_size:
+        return
+    largest = n - n % world_size
+    procs = f" (a multiple of the {world_size} processes)" if world_size > 1 else ""
+    fix = f"Set {key}.batch_size={largest} or less{procs}, or use" if largest else "Use"
+    dropped = f" left after max_length={cfg.max_length}" if cfg.max_length is not None else ""
+    raise UserError(f"{key}.batch_size={cfg.batch_size} is more than the {n} usable rows{dropped} of {key}.path="
+                    f"{cfg.path!r}: not one whole batch can be formed (drop_last=true), so there would be no training "
+                    f"step. {fix} a dataset with more rows.")
 
 
 def demonstration(sample: dict) -> str:

@@ -1,6 +1,7 @@
 """Where metrics go: ``metrics.jsonl`` in the run directory (one JSON object per step), wandb
 (offline by default, so nothing leaves the machine unless ``stats_logger.wandb.mode=online``),
-and the console summary lines."""
+and the console summary lines. A few sampled trajectories per step go to ``samples.jsonl`` and a
+wandb table (``tracking/samples.py`` builds them)."""
 
 from __future__ import annotations
 
@@ -9,41 +10,38 @@ import json
 import os
 import time
 
+from .samples import TABLE_COLUMNS, append_samples, table_rows
+
 
 class StatsLogger:
     def __init__(self, run_dir: str, cfg, resume_step: int | None = None):
         self.path = os.path.join(run_dir, "metrics.jsonl")
+        self.samples_path = os.path.join(run_dir, "samples.jsonl")
         os.makedirs(run_dir, exist_ok=True)
         if resume_step is None:
             open(self.path, "w").close()
+            if os.path.exists(self.samples_path):  # an earlier run's; this run may write none
+                os.remove(self.samples_path)
         else:
-            self._truncate_after(resume_step)
+            _truncate_after(self.path, resume_step)
+            _truncate_after(self.samples_path, resume_step)
         self.wandb = None
+        self.offline_dir: str | None = None
         wcfg = cfg.stats_logger.wandb
         if wcfg.mode != "disabled" and os.environ.get("WANDB_MODE") != "disabled":
             import wandb
 
+            # Offline (the default) wandb's header and ~35-line end-of-run summary repeat what
+            # metrics.jsonl holds; it is silenced and close() prints the one useful line instead.
+            offline = wcfg.mode == "offline"
             self.wandb = wandb.init(
                 project=wcfg.project, entity=wcfg.entity, name=f"{cfg.experiment_name}/{cfg.trial_name}",
                 group=cfg.experiment_name, tags=list(wcfg.tags), mode=wcfg.mode, dir=run_dir,
-                config=dataclasses.asdict(cfg), reinit="finish_previous")
+                config=dataclasses.asdict(cfg), reinit="finish_previous",
+                settings=wandb.Settings(silent=True) if offline else None)
+            if offline:  # Run.sync_dir is newer than wandb 0.17; files live in <sync_dir>/files
+                self.offline_dir = getattr(self.wandb, "sync_dir", None) or os.path.dirname(self.wandb.dir)
         self.t0 = time.time()
-
-    def _truncate_after(self, step: int) -> None:
-        """On resume, drop records of steps after the checkpoint (they will be redone)."""
-        if not os.path.exists(self.path):
-            return
-        keep = []
-        with open(self.path) as f:
-            for line in f:
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:  # a line cut short by the kill
-                    continue
-                if record.get("step", 0) <= step:
-                    keep.append(line if line.endswith("\n") else line + "\n")
-        with open(self.path, "w") as f:
-            f.writelines(keep)
 
     def log(self, step: int, metrics: dict, extra: dict | None = None) -> None:
         """Append one record; ``extra`` (e.g. the step's prompt ids) goes to the file, not to wandb."""
@@ -54,10 +52,40 @@ class StatsLogger:
         if self.wandb is not None:
             self.wandb.log(metrics, step=step)
 
+    def log_samples(self, step: int, records: list[dict]) -> None:
+        """Append one step's sample records to ``samples.jsonl`` and, with wandb, log them as a table."""
+        if not records:
+            return
+        append_samples(self.samples_path, step, records)
+        if self.wandb is not None:
+            import wandb
+
+            self.wandb.log({"samples": wandb.Table(columns=list(TABLE_COLUMNS), data=table_rows(step, records))},
+                           step=step)
+
     def close(self) -> None:
         if self.wandb is not None:
             self.wandb.finish()
             self.wandb = None
+            if self.offline_dir:
+                print(f"wandb: offline run saved; upload it with `wandb sync {self.offline_dir}`", flush=True)
+
+
+def _truncate_after(path: str, step: int) -> None:
+    """On resume, drop records of steps after the checkpoint (they will be redone)."""
+    if not os.path.exists(path):
+        return
+    keep = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:  # a line cut short by the kill
+                continue
+            if record.get("step", 0) <= step:
+                keep.append(line if line.endswith("\n") else line + "\n")
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(keep)
 
 
 def read_metrics(path: str) -> list[dict]:
@@ -69,6 +97,9 @@ class NullLogger:
     """The logger of non-main processes: metrics are written once, by the main process."""
 
     def log(self, step: int, metrics: dict, extra: dict | None = None) -> None:
+        pass
+
+    def log_samples(self, step: int, records: list[dict]) -> None:
         pass
 
     def close(self) -> None:

@@ -2,7 +2,8 @@
 
 A sample counts as correct when its reward is positive. ``eval/accuracy`` is pass@1 (the mean over
 all samples); with ``eval_gconfig.n_samples = k > 1`` also ``eval/pass@k`` (a prompt passes when
-any of its k samples is correct).
+any of its k samples is correct). When ``examples`` is a list, the first trajectory group is
+appended to it (the trainer prints its first sample on the console).
 """
 
 from __future__ import annotations
@@ -12,11 +13,14 @@ import torch
 from ..config.schema import GenerationHyperparameters
 
 
-def evaluate(workflow, samples: list[dict], gconfig: GenerationHyperparameters, batch_size: int) -> dict[str, float]:
+def evaluate(workflow, samples: list[dict], gconfig: GenerationHyperparameters, batch_size: int,
+             examples: list | None = None) -> dict[str, float]:
     correct, rewards = [], []
     errors = timeouts = 0.0
     for i in range(0, len(samples), batch_size):
         for group in workflow.rollout(samples[i:i + batch_size], gconfig):
+            if examples is not None and not examples:
+                examples.append(group)
             r = group["rewards"].float()
             rewards.append(r)
             correct.append((r > 0).float())

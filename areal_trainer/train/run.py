@@ -28,7 +28,7 @@ from .. import fsdp
 from ..advantage.stages import resolve_advantage
 from ..config.loss import bind_policy_loss
 from ..config.schema import TrainerConfig
-from ..data.datasets import build_samples
+from ..data.datasets import build_samples, check_fits_batch
 from ..data.loader import PromptLoader
 from ..dist import init_distributed
 from ..errors import UserError
@@ -36,8 +36,10 @@ from ..model.load import autocast_dtype, load_causal_lm, load_tokenizer, resolve
 from ..plugins import import_object
 from ..reward.runner import RewardRunner
 from ..rollout.batch import concat_groups
+from ..tracking.console import ProgressPostfix
 from ..tracking.logger import NullLogger, StatsLogger, read_metrics
 from ..tracking.plot import plot_run
+from ..tracking.samples import eval_example, step_samples
 from . import checkpoint as ckpt
 from . import policies
 from .evaluate import evaluate
@@ -80,6 +82,7 @@ class RLTrainer:
         self.tokenizer = load_tokenizer(cfg.tokenizer_path or cfg.actor.path,
                                         key="tokenizer_path" if cfg.tokenizer_path else "actor.path")
         self.train_samples = build_samples(cfg.train_dataset, self.tokenizer, "train_dataset")
+        check_fits_batch(self.train_samples, cfg.train_dataset, "train_dataset", self.dist.world_size)
         self.valid_samples = (build_samples(cfg.valid_dataset, self.tokenizer, "valid_dataset")
                               if cfg.valid_dataset is not None else None)
         path = os.path.join(self.resume_from, "actor") if self.resume_from else cfg.actor.path
@@ -112,6 +115,7 @@ class RLTrainer:
         self.sync_grads = self.dist.sync_gradients if self.dist.enabled and not self.dist.fsdp else None
         self.step, self.consecutive_skips = 0, 0
         self.trained_prompts: list[int] = []
+        self.samples: list[dict] = []  # the step's records for samples.jsonl (main process only)
         self.last_save = self.last_eval = time.time()
 
     @property
@@ -194,8 +198,12 @@ class RLTrainer:
             return {}
         t0 = time.time()
         mine = self.valid_samples[self.dist.rank::self.dist.world_size]
+        examples: list = []
         with fsdp.gathered(self.model):
-            out = evaluate(self.eval_workflow, mine, self.cfg.eval_gconfig, self.cfg.valid_dataset.batch_size)
+            out = evaluate(self.eval_workflow, mine, self.cfg.eval_gconfig, self.cfg.valid_dataset.batch_size,
+                           examples=examples)
+        if self.dist.is_main and examples:  # tqdm.write keeps a running progress bar intact
+            tqdm.write(eval_example(self.tokenizer, examples[0], self.step))
         self.last_eval = time.time()
         out["time/eval"] = self.last_eval - t0
         return self.dist.reduce_metrics(out)
@@ -234,6 +242,7 @@ class RLTrainer:
             batch = self.source.next_batch(self.version)
         metrics = batch.metrics
         self.trained_prompts = batch.prompt_ids
+        self.samples = []
         # dynamic_bs and no prompt group passed the filter: nothing to train on. Every process skips the
         # step together (with asynchronous rollout each one's batch is its own).
         if self.dist.any(not batch.groups):
@@ -280,6 +289,9 @@ class RLTrainer:
         self.consecutive_skips = self.consecutive_skips + 1 if skipped == a.ppo_n_minibatches else 0
         tokens = float(data["attention_mask"].sum())
         metrics.update(rollout_metrics(data, adv))
+        if self.dist.is_main:  # only the main process writes samples.jsonl
+            self.samples = step_samples(self.tokenizer, data, adv.advantages, adv.loss_mask, sizes,
+                                        cfg.stats_logger.samples_per_step, [g.prompt_id for g in batch.groups])
         metrics.update(upd)
         metrics.update({"time/rollout": t1 - t0, "time/logprobs": t2 - t1, "time/advantage": t3 - t2,
                         "time/update": t4 - t3, "time/step": t4 - t0, "perf/tokens_per_s": tokens / max(t4 - t0, 1e-9),
@@ -291,8 +303,14 @@ class RLTrainer:
             self._build_aux_models()
             self._restore()
             self._push_weights()
+            if self.dist.is_main:  # say where the run continues from before its first step
+                print(f"resuming from {self.resume_from} (step {self.step} of {self.total_steps})", flush=True)
         main = self.dist.is_main
         log = StatsLogger(self.run_dir, self.cfg, resume_step=self.step if self.resume_from else None) if main else NullLogger()
+        # On resume the bar starts from the latest accuracy in the metrics file (truncated to the checkpoint).
+        metrics_file = os.path.join(self.run_dir, "metrics.jsonl")
+        resumed = self.resume_from and main and os.path.exists(metrics_file)
+        postfix = ProgressPostfix(read_metrics(metrics_file) if resumed else None)
         if not self.resume_from:
             self.warm_start(log)
             self._push_weights()
@@ -300,7 +318,9 @@ class RLTrainer:
             if self.dist.enabled:  # identical initial weights everywhere; different samples per process
                 seed_everything(self.cfg.seed + 10007 * self.dist.rank)
             if self.cfg.evaluator.eval_before_train:
-                log.log(0, self._evaluate())
+                before = self._evaluate()
+                postfix.update(before)
+                log.log(0, before)
         bar = tqdm(total=self.total_steps, initial=self.step, desc=f"{self.cfg.algorithm}", dynamic_ncols=True,
                    disable=not (self.cfg.stats_logger.progress_bar and main))
         last: dict[str, float] = {}
@@ -320,11 +340,11 @@ class RLTrainer:
                 # The record goes to disk before the checkpoint: a checkpoint then always implies its
                 # step's record, and a kill between the two only repeats that step on resume.
                 log.log(self.step, metrics, extra={"data/prompt_ids": prompts})
+                log.log_samples(self.step, self.samples)
                 if self._due(self.cfg.saver, self.last_save) or self._due(self.cfg.recover, self.last_save):
                     self._save()
                 last = metrics
-                bar.set_postfix(reward=f"{metrics['reward/task']:.3f}",
-                                **({"acc": f"{metrics['eval/accuracy']:.3f}"} if "eval/accuracy" in metrics else {}))
+                bar.set_postfix(postfix(metrics))  # a dict, so the reward stays first
                 bar.update(1)
         finally:
             self.source.close()

@@ -124,17 +124,30 @@ def warm_start(model, tokenizer, samples: list[dict], cfg, *, device: torch.devi
     if steps <= 0:
         return {}
     key = None
+    t0 = time.time()
     if sft.cache and is_builtin(cfg.actor.path):
         key = warmstart_key({"actor": cfg.actor.path, "seed": cfg.seed, "steps": steps, "sft": sft,
                              "data": cfg.train_dataset, "device": device.type, "dtype": cfg.actor.dtype})
         cached = load_cached(model, key)
         if cached is not None:
-            print(f"SFT warm start: reusing the identical earlier warm start {key} (sft_warmup.cache=false recomputes it)")
-            return {**cached, "sft/cached": 1.0}
-    t0 = time.time()
+            return _reused(key, cached, time.time() - t0)
     losses = sft_warmup(model, tokenizer, samples, sft, steps=steps, seed=cfg.seed, device=device,
                         autocast_dtype=autocast_dtype, progress=cfg.stats_logger.progress_bar)
     metrics = {"sft/loss": losses[-1], "sft/steps": steps, "time/sft": time.time() - t0}
     if key is not None:
         store_cached(model, key, metrics)
-    return metrics
+    return {**metrics, "sft/cached": 0.0}
+
+
+def _reused(key: str, cached: dict, took: float) -> dict:
+    """Step 0's metrics for a reused warm start: ``time/sft`` is what this run spent (loading it), so
+    a cache hit never reads as hundreds of seconds of training; the duration of the run that computed
+    it moves to ``sft/cached_original_time``."""
+    original = cached.get("time/sft")
+    computed = f"computed earlier in {original:.0f} s, " if original is not None else ""
+    print(f"SFT warm start: reused the identical warm start {key} ({computed}loaded in {took:.1f} s; "
+          "sft_warmup.cache=false recomputes it)", flush=True)
+    metrics = {k: v for k, v in cached.items() if k != "time/sft"}
+    if original is not None:
+        metrics["sft/cached_original_time"] = original
+    return {**metrics, "sft/cached": 1.0, "time/sft": took}

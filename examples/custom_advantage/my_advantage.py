@@ -1,6 +1,9 @@
 """Two user stages for ``actor.advantage`` (see README.md next to this file).
 
-* ``scale_outcome``: an outcome stage that multiplies every row's reward by ``factor``.
+* ``length_penalty``: an outcome stage that subtracts ``coef * generated tokens / budget`` from every
+  reward, so that of two equally correct answers the shorter one ranks higher. It changes the
+  ranking inside a prompt's group, which is what survives GRPO's group standardisation (scaling a
+  reward, or shifting it, does not: see README.md).
 * ``token_gae_kl_outside``: an estimator that runs token-level GAE on the task reward only and
   adds each token's KL reward to its advantage afterwards, so the KL penalty never reaches the
   critic returns (the turn estimator's rule, at token granularity). It resolves a dynamic
@@ -21,19 +24,28 @@ from areal_trainer.advantage import (
 from areal_trainer.advantage.gae import token_level_gae
 
 
-def scale_outcome(inputs: OutcomeRewardInputs, *, factor: float) -> OutcomeResult:
-    """``[B]`` rewards times ``factor`` (a new tensor; the input mapping is left alone)."""
+def length_penalty(inputs: OutcomeRewardInputs, *, coef: float = 0.1, budget: int | None = None) -> OutcomeResult:
+    """``[B]`` rewards minus ``coef * tokens / budget`` (a new tensor; the input mapping is left alone).
+
+    ``tokens`` counts the generated tokens of the row's logical rollout (every turn; the rows of one
+    rollout share it); ``budget`` defaults to ``actor.max_new_tokens``. With 0/1 rewards and
+    ``coef < 1`` a correct answer of at most ``budget`` tokens still outranks a wrong one.
+    """
     raw = inputs.data["rewards"].float()
-    refs = None
+    tokens = inputs.data["loss_mask"].float().sum(-1)
     meta = inputs.meta
+    counts = torch.tensor(meta.logical_row_counts if meta is not None else [1] * len(raw), device=raw.device)
+    owner = torch.repeat_interleave(torch.arange(len(counts), device=raw.device), counts)
+    per_rollout = torch.zeros(len(counts), device=raw.device).index_add_(0, owner, tokens)
+    penalty = coef * per_rollout / (budget or inputs.config.max_new_tokens)
+    refs = None
     if meta is not None and any(r is not None for r in meta.logical_rewards):
         # Explicit logical-rollout references must go through the same transform for reward_norm;
         # a rollout without one is represented by its first row.
-        counts = torch.tensor(meta.logical_row_counts, device=raw.device)
         first = counts.cumsum(0) - counts
         given = torch.tensor([float("nan") if r is None else r for r in meta.logical_rewards], device=raw.device)
-        refs = torch.where(given.isnan(), raw[first], given) * factor
-    return OutcomeResult(rewards=raw * factor, normalization_rewards=refs)
+        refs = torch.where(given.isnan(), raw[first], given) - penalty
+    return OutcomeResult(rewards=raw - penalty[owner], normalization_rewards=refs)
 
 
 def token_gae_kl_outside(inputs: TemporalInputs, *, kl_coef: float = 1.0) -> TemporalResult:

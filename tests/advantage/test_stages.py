@@ -172,11 +172,11 @@ def test_explicit_references_required_from_custom_shaping():
                 advantage={"outcome_reward_shaping": stage(f"{P}.scale_outcome", factor=2.0)})
     with pytest.raises(ValueError, match="must return OutcomeResult.normalization_rewards"):
         run(DATA, cfg, meta=meta)
-    cfg = actor(reward_norm=norm("group", "group"),
-                advantage={"outcome_reward_shaping": stage("examples.custom_advantage.my_advantage.scale_outcome",
-                                                           factor=2.0)})
+    cfg = actor(reward_norm=norm("group", "group"), max_new_tokens=4,
+                advantage={"outcome_reward_shaping": stage("examples.custom_advantage.my_advantage.length_penalty",
+                                                           coef=1.0)})
     out = run(DATA, cfg, meta=meta)
-    close(out.outcome_rewards, [-0.7071, 0.7071], atol=1e-4)  # references [2, 4] (explicit 1 and row 2, doubled)
+    close(out.outcome_rewards, [-0.7071, 0.7071], atol=1e-4)  # references [0.5, 1.25]: explicit 1 and row 2, less length/4
 
 
 def test_resolution_happens_once():

@@ -106,7 +106,7 @@ def test_multi_turn_workflow_runs_asynchronously(tmp_path):
 
 
 def test_a_step_with_nothing_to_train_on_advances_version_and_schedule(tmp_path):
-    cli(["--config-name", "grpo", "+scale=tiny", "total_train_steps=3", "dynamic_bs=true",
+    cli(["--config-name", "grpo", "+scale=tiny", "total_train_steps=3", "saver.freq_steps=1", "dynamic_bs=true",
          "rollout.dynamic_filter=tests.e2e.plugins.reject_all", "actor.optimizer.lr_scheduler_type=linear",
          "trial_name=e"], cwd=tmp_path)
     run = tmp_path / "outputs" / "grpo" / "e"

@@ -20,14 +20,16 @@ def test_cfg_job_shows_seed_switch_values(tmp_path):
 def test_typo_fails_fast_with_suggestion(tmp_path):
     t0 = time.time()
     proc = cli(["--config-name", "grpo", "actor.eps_clp=0.3"], cwd=tmp_path, check=False)
-    assert time.time() - t0 < 5
+    # No model loads; the rest of the config is validated in the same round (which imports torch).
+    assert time.time() - t0 < 30
     assert proc.returncode != 0
     assert "Did you mean 'actor.eps_clip'" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 
 def test_one_step_training_run(tmp_path):
-    proc = cli(["--config-name", "grpo", "+scale=tiny", "total_train_steps=1", "trial_name=smoke"], cwd=tmp_path)
+    proc = cli(["--config-name", "grpo", "+scale=tiny", "total_train_steps=1", "saver.freq_steps=1", "trial_name=smoke"],
+               cwd=tmp_path)
     run = tmp_path / "outputs" / "grpo" / "smoke"
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if r["step"] == 1]
@@ -38,6 +40,15 @@ def test_one_step_training_run(tmp_path):
     assert (run / "checkpoints" / "step_1" / "COMPLETE").exists()
     assert (run / "checkpoints" / "step_1" / "actor" / "config.json").exists()
     assert "held-out accuracy" in proc.stdout
+
+
+def test_tiny_scale_checkpoints_at_the_end_and_the_bar_keeps_the_accuracy(tmp_path):
+    # No evaluation between the one before RL (step 0) and the last one: step 1's bar shows step 0's.
+    proc = cli(["--config-name", "grpo", "+scale=tiny", "evaluator.freq_steps=null", "stats_logger.progress_bar=true",
+                "trial_name=bar"], cwd=tmp_path)
+    assert os.listdir(tmp_path / "outputs" / "grpo" / "bar" / "checkpoints") == ["step_2"]
+    renders = [r for r in proc.stderr.replace("\r", "\n").splitlines() if "reward=" in r]
+    assert len(renders) >= 2 and all("acc=" in r for r in renders), renders
 
 
 def test_multirun_sweep_two_run_dirs(tmp_path):
@@ -74,13 +85,15 @@ def test_bad_reward_path_and_model_path(tmp_path):
 def test_dataset_row_without_answer(tmp_path):
     data = tmp_path / "data.jsonl"
     data.write_text(json.dumps({"question": "1+1?", "answer": "#### 2"}) + "\n" + json.dumps({"question": "2+2?"}) + "\n")
-    proc = cli(["--config-name", "grpo", "+scale=tiny", f"train_dataset.path={data}"], cwd=tmp_path, check=False)
-    assert proc.returncode != 0 and "row 1" in proc.stderr and "'answer'" in proc.stderr
+    proc = cli(["--config-name", "grpo", "+scale=tiny", f"train_dataset.path={data}",
+                "allow_builtin_model_on_any_data=true"], cwd=tmp_path, check=False)
+    assert proc.returncode != 0 and "line 2 of" in proc.stderr and "no 'answer' field" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 
 def test_existing_checkpoint_is_not_overwritten(tmp_path):
-    cli(["--config-name", "grpo", "+scale=tiny", "total_train_steps=1", "trial_name=t"], cwd=tmp_path)
+    cli(["--config-name", "grpo", "+scale=tiny", "total_train_steps=1", "saver.freq_steps=1", "trial_name=t"],
+        cwd=tmp_path)
     marker = tmp_path / "outputs" / "grpo" / "t" / "checkpoints" / "step_1" / "COMPLETE"
     before = marker.stat().st_mtime_ns
     proc = cli(["--config-name", "grpo", "+scale=tiny", "total_train_steps=1", "trial_name=t"], cwd=tmp_path, check=False)

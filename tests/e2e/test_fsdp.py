@@ -16,7 +16,8 @@ from .helpers import ROOT, cli_env
 WORKER = os.path.join(os.path.dirname(__file__), "dist_check.py")
 LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--use_fsdp", "--fsdp_version", "2",
           "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
-ARGS = ["-m", "areal_trainer", "--config-name", "grpo", "+scale=tiny", "train_dataset.batch_size=4", "trial_name=fsdp"]
+ARGS = ["-m", "areal_trainer", "--config-name", "grpo", "+scale=tiny", "train_dataset.batch_size=4", "saver.freq_steps=1",
+        "trial_name=fsdp"]
 
 
 def _run(cmd, cwd, timeout=300):

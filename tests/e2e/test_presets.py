@@ -113,8 +113,8 @@ def test_presets_match_golden_records(sweep):
 def test_custom_advantage_example_from_the_command_line(tmp_path):
     mod = "examples.custom_advantage.my_advantage"
     cli(["--config-name", "grpo", "+scale=tiny", "trial_name=custom",
-         f"actor.advantage.outcome_reward_shaping.implementation={mod}.scale_outcome",
-         "+actor.advantage.outcome_reward_shaping.kwargs.factor=0.5",
+         f"actor.advantage.outcome_reward_shaping.implementation={mod}.length_penalty",
+         "+actor.advantage.outcome_reward_shaping.kwargs.coef=0.1",
          f"actor.advantage.estimator.implementation={mod}.token_gae_kl_outside",
          "actor.gae_lambda=areal_trainer.advantage.lambda_fn.vapo_length_adaptive_gae",
          "+actor.gae_lambda_kwargs.alpha=0.05"], cwd=tmp_path)

@@ -49,6 +49,7 @@ def test_sigkill_then_resume_matches_uninterrupted(tmp_path, algo, extra):
     assert done and done[-1] < 6, "the run finished before it could be killed"
 
     out = cli([*ARGS, "trial_name=killed", "recover.mode=auto"], cwd=tmp_path)
+    assert f"resuming from {run / 'checkpoints' / f'step_{done[-1]}'} (step {done[-1]} of 6)" in out.stdout
     resumed = _records(run)
     assert sorted(resumed) == list(range(1, 7))
     for step in range(1, 7):

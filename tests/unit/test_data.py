@@ -48,7 +48,8 @@ def test_local_file_with_gsm8k_fields(tmp_path, ext):
 def test_row_without_answer_names_row_and_field(tmp_path):
     path = tmp_path / "d.jsonl"
     path.write_text(json.dumps({"question": "a", "answer": "#### 1"}) + "\n" + json.dumps({"question": "b"}) + "\n")
-    with pytest.raises(UserError, match=r"row 1 .* no 'answer' field"):
+    with pytest.raises(UserError, match=r"line 2 of .* has no 'answer' field\. Fields in that row: 'question'; "
+                                        r"required: 'question' \(train_dataset.question_key\) and 'answer'"):
         load_rows(DatasetConfig(path=str(path)), "train_dataset")
 
 

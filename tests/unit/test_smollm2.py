@@ -111,7 +111,8 @@ def test_real_smollm2_converts_exactly_and_trains_one_step(slow_selected, tmp_pa
     out = tmp_path / "out"
     cli(["--config-name", "grpo", "actor.path=smollm2", "train_dataset.path=builtin:arith",
          "valid_dataset.max_rows=8", "+scale=tiny", "gconfig.max_new_tokens=16", "sft_warmup.steps=0",
-         "total_train_steps=1", "evaluator.eval_before_train=false", f"cluster.fileroot={out}", "trial_name=t"],
+         "total_train_steps=1", "saver.freq_steps=1", "evaluator.eval_before_train=false", f"cluster.fileroot={out}",
+         "trial_name=t"],
         cwd=str(tmp_path), timeout=1800)
     run_dir = out / "grpo" / "t"
     records = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
