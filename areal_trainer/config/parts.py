@@ -8,7 +8,7 @@ Typing uses ``Optional``/``Dict`` because OmegaConf 2.3 structured configs do no
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from .base import Checked, at_least_one, fraction, is_number, one_of
 from .maths import maths
@@ -18,6 +18,7 @@ from .maths import maths
 OPTIMIZERS = ("adam", "adamw", "sgd")
 LR_SCHEDULES = ("constant", "linear", "cosine")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+PEFT_TYPES = ("lora",)
 
 
 def _json_problems(key: str, value: Any) -> list[str]:
@@ -254,6 +255,19 @@ class TrainEngineConfig(Checked):
     """Recompute activations in the backward pass: less memory, more compute."""
     is_critic: bool = False
     """AReaL's flag for the value model; false for ``actor`` and ``ref`` (the critic is its own section)."""
+    use_lora: bool = False
+    """Train LoRA adapters (peft) instead of the whole model, base weights frozen; the actor only, for now."""
+    lora_rank: int = 32
+    """LoRA rank r of the adapters (>= 1)."""
+    lora_alpha: int = 16
+    """LoRA scaling numerator: the adapter's update is scaled by lora_alpha / lora_rank."""
+    lora_dropout: float = 0.0
+    """Dropout on the adapters' input, in [0, 1)."""
+    target_modules: List[str] = field(default_factory=lambda: ["all-linear"])
+    """Names of the Linear modules that get adapters; ``[all-linear]`` (peft's) = every Linear but the output head,
+    for Llama/Qwen models the attention and MLP projections q/k/v/o_proj, gate/up/down_proj."""
+    peft_type: str = "lora"
+    """The PEFT method; only ``lora``."""
 
     def check(self, key: str) -> list[str]:
         p = one_of(f"{key}.dtype", self.dtype, DTYPES)
@@ -261,4 +275,16 @@ class TrainEngineConfig(Checked):
             p.append(f"{key}.path: got {self.path!r}; give a HF model id, a local directory or builtin:tiny.")
         if not is_number(self.temperature) or self.temperature <= 0:
             p.append(f"{key}.temperature: got {self.temperature!r}; must be > 0 (use gconfig.greedy for greedy decoding).")
+        return p + self._lora_problems(key)
+
+    def _lora_problems(self, key: str) -> list[str]:
+        p = one_of(f"{key}.peft_type", self.peft_type, PEFT_TYPES, "Only LoRA is implemented (peft's other methods are not).")
+        p += at_least_one(f"{key}.lora_rank", self.lora_rank)
+        if not is_number(self.lora_alpha) or self.lora_alpha <= 0:
+            p.append(f"{key}.lora_alpha: got {self.lora_alpha!r}; must be > 0.")
+        if not is_number(self.lora_dropout) or not 0 <= self.lora_dropout < 1:
+            p.append(f"{key}.lora_dropout: got {self.lora_dropout!r}; must be in [0, 1).")
+        if self.use_lora and not self.target_modules:
+            p.append(f"{key}.target_modules: empty; name the Linear modules that get adapters, e.g. "
+                     "[q_proj,v_proj], or [all-linear].")
         return p

@@ -6,6 +6,7 @@ and adds the rules that span sections (``kl_ctl > 0`` needs ``ref``, group sizes
 """
 
 import math
+import string
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -71,13 +72,25 @@ class DatasetConfig(Checked):
     """An epoch uses only whole batches, leaving out the remainder of the prompts (false: every prompt is
     used and the last batch is completed from the next epoch)."""
     max_length: Optional[int] = None
-    """Drop prompts whose question is longer than this many tokens."""
+    """Drop prompts whose user message (the question in ``prompt_template``, then ``prompt_suffix``) is longer
+    than this many tokens."""
     max_rows: Optional[int] = None
     """Use at most this many rows (for builtin:arith: how many problems to generate)."""
     question_key: str = "question"
     """Field of a row that holds the question (the prompt)."""
     answer_key: str = "answer"
     """Field of a row that holds the reference answer given to the reward function."""
+    system_prompt: Optional[str] = None
+    """System message before every question, rendered by the tokenizer's chat template (null: none;
+    valid_dataset: null = train_dataset's, '' = none). It takes no placeholders: write literal braces as
+    ``{{`` and ``}}``. A tokenizer whose chat template has no system role is reported when the data is built."""
+    prompt_template: Optional[str] = None
+    """The user message, with ``{question}`` where the row's question goes (null: ``{question}``, the
+    question alone; valid_dataset: null = train_dataset's). Literal braces are written ``{{`` and ``}}``."""
+    prompt_suffix: Optional[str] = None
+    """The answer-format instruction, appended verbatim to the user message (null: the task's own, nothing for
+    builtin:arith, whose warm start teaches ``#### n``, and ``\\nPlease put your final answer within
+    \\boxed{}.`` for other data; valid_dataset: null = train_dataset's; '' = none)."""
 
     def check(self, key: str) -> list[str]:
         if self.type == "sft":
@@ -88,7 +101,60 @@ class DatasetConfig(Checked):
         p += at_least_one(f"{key}.batch_size", self.batch_size)
         for name in ("max_length", "max_rows"):
             p += at_least_one(f"{key}.{name}", getattr(self, name), nullable=True)
+        return p + self.prompt_problems(key)
+
+    def prompt_problems(self, key: str) -> list[str]:
+        """Problems of ``system_prompt`` and ``prompt_template`` (only ``{question}``, in the template)."""
+        p = []
+        if isinstance(self.prompt_template, str):
+            t = self.prompt_template
+            fields, err = _placeholders(t)
+            if err:
+                p.append(f"{key}.prompt_template: got {t!r}, which is not a valid template ({err}); write literal "
+                         "braces doubled ({{ and }}) and the placeholder as {question}.")
+            elif "question" not in fields:
+                p.append(f"{key}.prompt_template: got {t!r}, which has no {{question}} placeholder, so the prompt "
+                         f"would not contain the question. Put {{question}} where the question goes, e.g. "
+                         f"{key}.prompt_template='Question: {{question}}'.")
+            unknown = [f for f in fields if f != "question"]
+            if unknown:
+                p.append(f"{key}.prompt_template: got {t!r}, with the unknown placeholder{'s' * (len(unknown) > 1)} "
+                         f"{', '.join('{' + f + '}' for f in unknown)}; only {{question}} is filled in. Write literal "
+                         f"braces doubled ({{{{ and }}}}, e.g. \\boxed{{{{}}}}), or put such text in {key}.prompt_suffix, "
+                         "which is used verbatim.")
+        if isinstance(self.system_prompt, str):
+            s = self.system_prompt
+            fields, err = _placeholders(s)
+            if err:
+                p.append(f"{key}.system_prompt: got {s!r}, which is not valid ({err}); write literal braces "
+                         "doubled ({{ and }}).")
+            elif fields:
+                p.append(f"{key}.system_prompt: got {s!r}, with the placeholder{'s' * (len(fields) > 1)} "
+                         f"{', '.join('{' + f + '}' for f in fields)}; the system prompt takes no placeholders (the "
+                         f"question goes in {key}.prompt_template). Write literal braces doubled ({{{{ and }}}}).")
         return p
+
+    def inherit_prompts(self, other: "DatasetConfig") -> None:
+        """Set this config's null prompt keys to ``other``'s (valid_dataset asks as train_dataset does)."""
+        for name in PROMPT_KEYS:
+            if getattr(self, name) is None:
+                setattr(self, name, getattr(other, name))
+
+
+PROMPT_KEYS = ("system_prompt", "prompt_template", "prompt_suffix")
+"""The keys of ``DatasetConfig`` that shape the prompt; valid_dataset takes train_dataset's where null."""
+
+
+def _placeholders(text: str) -> tuple[list[str], str]:
+    """The placeholders of a ``str.format`` template as written (``question``, ``foo!r``), and the parse
+    error ("" if none); ``{{``/``}}`` are literal braces."""
+    try:
+        parts = list(string.Formatter().parse(text))
+    except ValueError as e:
+        return [], str(e)
+    fields = [name + (f"!{conv}" if conv else "") + (f":{spec}" if spec else "")
+              for _, name, spec, conv in parts if name is not None]
+    return fields, ""
 
 
 @dataclass
@@ -393,6 +459,14 @@ class TrainerConfig(Checked):
     stats_logger: StatsLoggerConfig = field(default_factory=StatsLoggerConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+
+    def __post_init__(self) -> None:
+        # Evaluation asks its questions as training does unless valid_dataset sets its own prompt keys
+        # (inherited only from valid ones, so that a bad key is reported once, under train_dataset).
+        t, v = self.train_dataset, self.valid_dataset
+        if isinstance(t, DatasetConfig) and isinstance(v, DatasetConfig) and not t.prompt_problems("train_dataset"):
+            v.inherit_prompts(t)
+        super().__post_init__()
 
     def check(self, key: str) -> list[str]:
         p = []

@@ -3,7 +3,9 @@
 file with the same fields (``question``, ``answer`` ending in ``#### n``).
 
 Rows become samples ``{"messages", "question", "answer"}``; the reward compares the model's final
-answer with ``answer``.
+answer with ``answer``. The messages are the config's ``system_prompt`` (if any) and a user message:
+the question in ``prompt_template``, then ``prompt_suffix``. The defaults give the user message
+``question + suffix`` alone, the prompt of every earlier version.
 """
 
 from __future__ import annotations
@@ -132,20 +134,54 @@ def _load_hint(cfg: DatasetConfig, key: str, err: Exception) -> str:
 
 
 def prompt_suffix(cfg: DatasetConfig) -> str:
-    """The built-in task asks for ``#### n`` (taught by the warm start); other data for ``\\boxed{}``."""
+    """``cfg.prompt_suffix``, by default the task's: the built-in task asks for ``#### n`` (taught by the warm
+    start) with no instruction; other data for ``\\boxed{}``."""
+    if cfg.prompt_suffix is not None:
+        return cfg.prompt_suffix
     return "" if cfg.path == "builtin:arith" else BOXED_SUFFIX
 
 
+def prompt_messages(cfg: DatasetConfig, question: str) -> list[dict]:
+    """The chat messages asking ``question``: the system prompt (if any), then the user message."""
+    template = "{question}" if cfg.prompt_template is None else cfg.prompt_template
+    user = {"role": "user", "content": template.format(question=question) + prompt_suffix(cfg)}
+    return [{"role": "system", "content": cfg.system_prompt.format()}, user] if cfg.system_prompt else [user]
+
+
+def check_system_role(cfg: DatasetConfig, tokenizer, key: str) -> None:
+    """A system prompt needs a chat template that renders a system message (some have no system role)."""
+    if not cfg.system_prompt:
+        return
+    system = cfg.system_prompt.format()
+    probe = [{"role": "system", "content": system}, {"role": "user", "content": "?"}]
+    try:
+        text = tokenizer.apply_chat_template(probe, add_generation_prompt=True, tokenize=False)
+    except Exception as e:  # noqa: BLE001 - templates raise their own errors (e.g. "System role not supported")
+        why = f"fails on a system message ({type(e).__name__}: {(str(e).splitlines() or [''])[0]})"
+    else:
+        if system.strip() in text:
+            return
+        why = "leaves a system message out"
+    name = getattr(tokenizer, "name_or_path", "") or ""
+    of = f" of {name!r}" if name else ""
+    none = "null" if key == "train_dataset" else "''"  # valid_dataset's null means train_dataset's
+    raise UserError(f"{key}.system_prompt: the chat template of the tokenizer{of} {why}, so the system prompt "
+                    f"{cfg.system_prompt!r} cannot reach the model. Put the instruction in {key}.prompt_template "
+                    f"instead (e.g. {key}.prompt_template='<instruction> {{question}}') and set {key}.system_prompt="
+                    f"{none}, or use a tokenizer whose chat template has a system role.")
+
+
 def build_samples(cfg: DatasetConfig, tokenizer, key: str) -> list[dict]:
-    """Rows as chat samples; questions longer than ``cfg.max_length`` tokens are dropped."""
+    """Rows as chat samples; prompts whose user message is longer than ``cfg.max_length`` tokens are dropped."""
+    check_system_role(cfg, tokenizer, key)
     rows = load_rows(cfg, key)
-    suffix = prompt_suffix(cfg)
     samples = []
     for row in rows:
-        content = row["question"] + suffix
+        messages = prompt_messages(cfg, row["question"])
+        content = messages[-1]["content"]
         if cfg.max_length is not None and len(tokenizer(content, add_special_tokens=False).input_ids) > cfg.max_length:
             continue
-        samples.append({"messages": [{"role": "user", "content": content}], **row})
+        samples.append({"messages": messages, **row})
     if not samples:
         raise UserError(f"{key}: no usable rows in {cfg.path!r} (max_length={cfg.max_length} dropped them all?).")
     return samples

@@ -6,6 +6,10 @@ the checkpoint.
 Under FSDP2 both are built from the whole policy *before* it is sharded (a sharded module holds
 only this rank's shards and cannot be deep-copied into a working model); the reference policy then
 stays replicated (it has no gradients or optimizer state), the critic is sharded like the policy.
+
+With ``actor.use_lora`` and ``ref.path`` equal to the actor's, the reference policy is the policy
+with its adapter turned off (``model/lora.py``), not a copy: ``build_ref`` returns None and
+``ref_is_base`` says so. The critic is copied from the policy before the adapters are attached.
 """
 
 from __future__ import annotations
@@ -27,10 +31,15 @@ def _copy(actor: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(actor)
 
 
+def ref_is_base(cfg: TrainerConfig) -> bool:
+    """Whether the reference policy is the LoRA policy's base model (adapter off)."""
+    return cfg.actor.kl_ctl > 0 and cfg.ref is not None and cfg.actor.use_lora and cfg.ref.path == cfg.actor.path
+
+
 def build_ref(cfg: TrainerConfig, actor: torch.nn.Module, tokenizer, device: torch.device,
               resume_dir: str | None) -> torch.nn.Module | None:
     """A frozen reference policy when ``actor.kl_ctl > 0`` (config validation ensures ``ref`` is set)."""
-    if cfg.actor.kl_ctl <= 0 or cfg.ref is None:
+    if cfg.actor.kl_ctl <= 0 or cfg.ref is None or ref_is_base(cfg):
         return None
     if resume_dir and os.path.isdir(os.path.join(resume_dir, "ref")):
         ref = load_causal_lm(os.path.join(resume_dir, "ref"), tokenizer=tokenizer, dtype=cfg.ref.dtype,

@@ -9,6 +9,10 @@ step (``sources.py``). Which log-probabilities the three policies get is decided
 Under FSDP2 (``fsdp.py``) the policy and critic are sharded once the reference policy and critic
 have been copied from the whole policy (``_build_aux_models``); generation and the no-grad
 forwards run with the weights gathered (``fsdp.gathered``), checkpoints hold the full weights.
+
+With ``actor.use_lora`` (``model/lora.py``) the warm start trains the whole base model; the adapters
+are attached in place when RL begins (``_attach_lora``), after the critic is copied; engines with
+their own weights then receive the merged weights (``_push_weights``).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from ..data.datasets import build_samples, check_fits_batch
 from ..data.loader import PromptLoader
 from ..dist import init_distributed
 from ..errors import UserError
+from ..model import lora
 from ..model.load import autocast_dtype, load_causal_lm, load_tokenizer, resolve_device
 from ..plugins import import_object
 from ..reward.runner import RewardRunner
@@ -43,7 +48,7 @@ from ..tracking.samples import eval_example, step_samples
 from . import checkpoint as ckpt
 from . import policies
 from .evaluate import evaluate
-from .models import build_critic, build_ref
+from .models import build_critic, build_ref, ref_is_base
 from .optim import build_optimizer, build_scheduler
 from .sft import warm_start
 from .sources import build_rollout, rollout_mode
@@ -77,6 +82,9 @@ class RLTrainer:
                             f"divisible by the {self.dist.world_size} processes.")
         if self.dist.fsdp and cfg.rollout.backend != "hf":
             raise UserError(f"rollout.backend={cfg.rollout.backend} is not supported with FSDP2 yet; use rollout.backend=hf.")
+        if self.dist.fsdp and cfg.actor.use_lora:
+            raise UserError("actor.use_lora=true is not supported with FSDP2 yet; train LoRA without FSDP (plain "
+                            "data parallelism), or set actor.use_lora=false.")
         self.autocast = autocast_dtype(cfg.actor.dtype, self.device)
         self.resume_from = self._resume_checkpoint()
         self.tokenizer = load_tokenizer(cfg.tokenizer_path or cfg.actor.path,
@@ -85,9 +93,22 @@ class RLTrainer:
         check_fits_batch(self.train_samples, cfg.train_dataset, "train_dataset", self.dist.world_size)
         self.valid_samples = (build_samples(cfg.valid_dataset, self.tokenizer, "valid_dataset")
                               if cfg.valid_dataset is not None else None)
-        path = os.path.join(self.resume_from, "actor") if self.resume_from else cfg.actor.path
+        actor_dir = os.path.join(self.resume_from, "actor") if self.resume_from else None
+        self.adapter_dir = actor_dir if actor_dir and lora.is_adapter_dir(actor_dir) else None
+        if actor_dir and bool(self.adapter_dir) != cfg.actor.use_lora:
+            held = "a LoRA adapter" if self.adapter_dir else "full weights, not a LoRA adapter"
+            raise UserError(f"actor.use_lora={str(cfg.actor.use_lora).lower()}: {actor_dir} holds {held}; resume it "
+                            f"with actor.use_lora={str(not cfg.actor.use_lora).lower()}.")
+        path = actor_dir if actor_dir and not self.adapter_dir else cfg.actor.path
         self.model = load_causal_lm(path, tokenizer=self.tokenizer, dtype=cfg.actor.dtype, device=self.device,
-                                    seed=cfg.seed, init_from_scratch=cfg.actor.init_from_scratch and not self.resume_from)
+                                    seed=cfg.seed, init_from_scratch=cfg.actor.init_from_scratch and path == cfg.actor.path)
+        self.peft = None  # the PeftModel around self.model once LoRA adapters are attached
+        # Whether LoRA checkpoints carry the base weights (they differ from what actor.path loads).
+        self.lora_base_changed = cfg.actor.init_from_scratch
+        if self.adapter_dir:
+            self.lora_base_changed = lora.load_base_weights(self.model, self.adapter_dir, cfg.actor.path)
+        elif cfg.actor.use_lora:
+            lora.lora_config(cfg.actor, self.model)  # bad target modules fail now, not after the warm start
         if cfg.actor.gradient_checkpointing:
             getattr(self.model, "activation_checkpointing_enable", self.model.gradient_checkpointing_enable)()
         reward = RewardRunner(import_object(cfg.reward.fn, "reward.fn"), name=cfg.reward.fn, kwargs=cfg.reward.kwargs,
@@ -129,6 +150,8 @@ class RLTrainer:
         cfg = self.cfg
         self.ref = build_ref(cfg, self.model, self.tokenizer, self.device, self.resume_from)
         self.critic = build_critic(cfg, self.model, self.tokenizer, self.device, self.resume_from)
+        if cfg.actor.use_lora:
+            self._attach_lora()
         if self.dist.fsdp:
             mesh = fsdp.device_mesh(self.device, self.dist.world_size)
             fsdp.shard_model(self.model, mesh)
@@ -139,6 +162,20 @@ class RLTrainer:
         if self.critic is not None:
             self.critic_optimizer = build_optimizer(self.critic.parameters(), cfg.critic.optimizer)
             self.critic_scheduler = build_scheduler(self.critic_optimizer, cfg.critic.optimizer, self.total_steps)
+
+    def _attach_lora(self) -> None:
+        """LoRA adapters in place on the policy: new ones, or the checkpoint's when resuming."""
+        a = self.cfg.actor
+        self.peft = lora.attach(self.model, a, seed=self.cfg.seed, adapter_dir=self.adapter_dir)
+        if a.gradient_checkpointing:  # frozen embeddings: checkpointed blocks still need an input with grad
+            self.model.enable_input_require_grads()
+        if self.dist.is_main:
+            print(lora.summary(self.peft), flush=True)
+
+    def _reference(self):
+        """The reference policy for the KL term: its own model, or the LoRA policy with the adapter off."""
+        return lora.reference_policy(self.peft) if self.peft is not None and self.ref is None \
+            else contextlib.nullcontext(self.ref)
 
     def _resume_checkpoint(self) -> str | None:
         found = ckpt.latest_checkpoint(self.run_dir)
@@ -170,7 +207,8 @@ class RLTrainer:
         state = {"optimizer": fsdp.optimizer_state(self.model, self.optimizer), "scheduler": self.scheduler.state_dict(),
                  "source": self.source.state_dict(), "consecutive_skips": self.consecutive_skips,
                  "version": self.version}
-        models = {"actor": self.model}
+        models = {"actor": self.model if self.peft is None else
+                  lora.AdapterCheckpoint(self.peft, self.cfg.actor.path, self.lora_base_changed)}
         if self.critic is not None:
             models["critic"] = self.critic
             state.update(critic_optimizer=fsdp.optimizer_state(self.critic, self.critic_optimizer),
@@ -212,6 +250,7 @@ class RLTrainer:
     def warm_start(self, log: StatsLogger) -> None:
         metrics = warm_start(self.model, self.tokenizer, self.train_samples, self.cfg, device=self.device,
                              autocast_dtype=self.autocast)
+        self.lora_base_changed |= bool(metrics)  # a warm start trained the base
         if metrics:
             log.log(0, metrics)
 
@@ -220,6 +259,8 @@ class RLTrainer:
         weights = self.model
         if fsdp.is_sharded(self.model) and not self.colocated:
             weights = fsdp.full_state_dict(self.model, all_ranks=True)  # collective
+        if self.peft is not None and not (self.colocated and self.cfg.rollout.backend == "hf"):
+            weights = lora.merged_state_dict(self.peft)  # an engine with its own, plain weights
         self.source.update_weights(weights, self.version)
 
     def _advance(self) -> None:
@@ -260,9 +301,10 @@ class RLTrainer:
                                         autocast_dtype=self.autocast)
 
         logps = policies.prepare(self.plan, data, recompute)
-        if self.ref is not None:
-            data["ref_logp"] = batched_logprobs(self.ref, data, temperature=a.temperature, mb_spec=a.mb_spec,
-                                                autocast_dtype=self.autocast)
+        if self.ref is not None or ref_is_base(cfg):
+            with self._reference() as ref:
+                data["ref_logp"] = batched_logprobs(ref, data, temperature=a.temperature, mb_spec=a.mb_spec,
+                                                    autocast_dtype=self.autocast)
         if self.critic is not None:
             with fsdp.gathered(self.critic):
                 data["values"] = batched_values(self.critic, data, mb_spec=cfg.critic.mb_spec,
