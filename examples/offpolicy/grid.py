@@ -1,5 +1,5 @@
 """Summarise the off-policy ablation (corrections x eta x seeds) as one grid and one plot:
-``python examples/offpolicy/grid.py <sweep dir>``.
+``python examples/offpolicy/grid.py <sweep dir> [--seed N]``.
 
 Reads every run of the sweep (``metrics.jsonl`` and ``.hydra/config.yaml``), groups them by the
 correction (``algorithm``) and ``rollout.max_head_offpolicyness``, and writes into the sweep
@@ -35,7 +35,8 @@ def grid(runs: list[dict]) -> str:
     etas = sorted({e for _, e in by_cell})
     head = "| correction | " + " | ".join(f"η={e}" for e in etas) + " |"
     rule = "| --- |" + " --- |" * len(etas)
-    blocks = []
+    n_max = max(len([r for r in rs if r["acc_after"] is not None]) for rs in by_cell.values())
+    blocks = []  # a cell with fewer seeds than the fullest one says how many it has
     for title, fn in (
         ("held-out accuracy after RL (mean over seeds; change in points)",
          lambda rs: f"{100 * _mean([r['acc_after'] for r in rs]):.1f}% "
@@ -54,7 +55,7 @@ def grid(runs: list[dict]) -> str:
             row = []
             for e in etas:
                 rs = [r for r in by_cell.get((c, e), []) if r["acc_after"] is not None]
-                row.append(fn(rs) + f" n={len(rs)}" * (title.startswith("held") and len(rs) != 2) if rs else "-")
+                row.append(fn(rs) + f" n={len(rs)}" * (title.startswith("held") and len(rs) != n_max) if rs else "-")
             lines.append(f"| {c} | " + " | ".join(row) + " |")
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks) + "\n"
@@ -87,11 +88,16 @@ def plot(runs: list[dict], path: str) -> str:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
+    args = sys.argv[1:]
+    seed = None
+    if len(args) == 3 and args[1] == "--seed":  # one seed only: cells where some seeds are missing stay comparable
+        seed, args = int(args[2]), args[:1]
+    if len(args) != 1:
         sys.exit(__doc__)
-    runs = collect(sys.argv[1])
+    runs = [r for r in collect(args[0]) if seed is None or r["seed"] == seed]
+    suffix = "" if seed is None else f"_seed{seed}"
     md = grid(runs)
-    with open(os.path.join(sys.argv[1], "grid.md"), "w") as f:
+    with open(os.path.join(args[0], f"grid{suffix}.md"), "w") as f:
         f.write(md)
     print(md)
-    print("plot:", plot(runs, os.path.join(sys.argv[1], "grid.png")))
+    print("plot:", plot(runs, os.path.join(args[0], f"grid{suffix}.png")))

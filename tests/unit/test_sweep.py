@@ -48,3 +48,24 @@ def test_off_policy_runs_are_labelled_and_get_their_own_table(tmp_path):
     md, _ = summarize(str(tmp_path))
     assert "| naive bfloat16 | 1 |" in md and "| naive η=2 bfloat16 | 1 |" in md
     assert "| naive η=2 bfloat16 | 1.5 | 3 | 0.15 | 0.01 | - | - |" in md
+
+
+def test_offpolicy_grid_has_a_cell_per_correction_and_eta_and_says_when_seeds_are_missing(tmp_path):
+    from examples.offpolicy.grid import grid
+
+    for corr, eta, seed, acc in (("naive", 0, 1, 0.4), ("naive", 0, 2, 0.6), ("naive", 2, 1, 0.5), ("naive", 2, 2, 0.7),
+                                 ("icepop", 2, 1, 0.45)):
+        d = os.path.join(tmp_path, f"{corr}-{eta}-{seed}")
+        os.makedirs(os.path.join(d, ".hydra"))
+        with open(os.path.join(d, ".hydra", "config.yaml"), "w") as f:
+            f.write(f"algorithm: {corr}\nseed: {seed}\nrollout:\n  max_head_offpolicyness: {eta}\n")
+        with open(os.path.join(d, "metrics.jsonl"), "w") as f:
+            f.write(json.dumps({"step": 0, "eval/accuracy": 0.2}) + "\n")
+            f.write(json.dumps({"step": 1, "reward/task": 0.5, "actor/staleness": eta / 2,
+                                "actor/rejection/masked_frac": 0.01 * eta}) + "\n")
+            f.write(json.dumps({"step": 1, "eval/accuracy": acc}) + "\n")
+    md = grid(collect(str(tmp_path)))
+    assert "| correction | η=0 | η=2 |" in md
+    assert "| naive | 50.0% (+30.0) | 60.0% (+40.0) |" in md  # the mean of two seeds
+    assert "| icepop | - | 45.0% (+25.0) n=1 |" in md  # fewer seeds than the fullest cell: said so
+    assert "| icepop | - | 0.0200 |" in md  # masked fraction
