@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from .packing import real_token_hidden, unpack
+from .prefix import prefix_tree, tree_hidden
 
 HEAD_FILE = "value_head.pt"
 
@@ -33,17 +34,22 @@ class ValueModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 autocast_dtype: torch.dtype | None = None, *, packing: bool | None = None,
-                max_pack_tokens: int | None = None) -> torch.Tensor:
+                max_pack_tokens: int | None = None, prefix_sharing: bool = False) -> torch.Tensor:
         """``[B, S]`` float32 values (0 at padding) of a right-padded ``[B, S]`` batch.
 
         The backbone runs only the real tokens, packed (see ``model/packing.py``; ``packing`` None =
-        when supported, True/False = force), or the padded batch as a fallback.
+        when supported, True/False = force), or the padded batch as a fallback. With
+        ``prefix_sharing`` rows' common prefixes are computed once (``model/prefix.py``).
         """
         ctx = torch.autocast(input_ids.device.type, autocast_dtype) if autocast_dtype else contextlib.nullcontext()
         with ctx:
-            hidden = real_token_hidden(self.backbone, input_ids, attention_mask, packing=packing,
-                                       max_pack_tokens=max_pack_tokens)  # [N, H]
-            values = self.value_head(hidden).squeeze(-1).float()
+            if prefix_sharing:
+                tree = prefix_tree(input_ids, attention_mask, max_tree_tokens=max_pack_tokens)
+                values = self.value_head(tree_hidden(self.backbone, tree)).squeeze(-1).float()[tree.slot]
+            else:
+                hidden = real_token_hidden(self.backbone, input_ids, attention_mask, packing=packing,
+                                           max_pack_tokens=max_pack_tokens)  # [N, H]
+                values = self.value_head(hidden).squeeze(-1).float()
         return unpack(values, attention_mask)
 
     def gradient_checkpointing_enable(self) -> None:

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from ..model.packing import is_varlen, pack, packed_apply, real_token_hidden, use_packing
+from ..model.prefix import prefix_tree, tree_hidden
 
 CHUNK_ELEMENTS = 1 << 26
 """Default chunk budget: ``chunk_size x V`` float32 logits of at most 256 MiB (441 tokens at V=152k)."""
@@ -222,11 +223,14 @@ def _full_logits_outputs(model, input_ids, attention_mask, use_pack: bool, max_p
 def forward_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, temperature: float,
                      with_entropy: bool = False, chunk_size: int | None = None,
                      autocast_dtype: torch.dtype | None = None, packing: bool | None = None,
-                     max_pack_tokens: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     max_pack_tokens: int | None = None, prefix_sharing: bool = False
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """``[B, S]`` next-token-aligned log-probabilities and entropies (float32) of a right-padded batch.
 
     ``packing``: None = pack when the model supports it (probed once), True/False = force on/off.
-    ``max_pack_tokens``: tokens per pack (None = the ``model/packing.py`` default).
+    ``prefix_sharing``: compute rows' common prefixes once (``model/prefix.py``; the caller checks
+    support); the head then runs once per distinct (prefix, next token) pair.
+    ``max_pack_tokens``: tokens per pack, or per tree with sharing (None = the modules' defaults).
     ``chunk_size``: tokens per vocabulary-projection chunk (None = ``default_chunk_size(V)``).
     """
     ctx = torch.autocast(input_ids.device.type, autocast_dtype) if autocast_dtype else contextlib.nullcontext()
@@ -243,6 +247,10 @@ def forward_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
             lse = torch.logsumexp(logits, -1)
             lp = logits.gather(-1, labels[:, None]).squeeze(-1) - lse
             ent = (lse - (torch.softmax(logits, -1) * logits).sum(-1)).detach() if with_entropy else torch.zeros_like(lp)
+        elif prefix_sharing:
+            lp, ent = _shared_prefix_logprobs(model, head, input_ids, attention_mask, keep, labels,
+                                              temperature=temperature, with_entropy=with_entropy,
+                                              chunk_size=chunk_size, max_tree_tokens=max_pack_tokens)
         else:
             hidden = real_token_hidden(model.base_model, input_ids, attention_mask, packing=use_pack,
                                        max_pack_tokens=max_pack_tokens)
@@ -251,3 +259,17 @@ def forward_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
     logp = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
     entropy = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
     return logp.masked_scatter(valid, lp.float()), entropy.masked_scatter(valid, ent.float())
+
+
+def _shared_prefix_logprobs(model, head, input_ids, attention_mask, keep, labels, *, temperature, with_entropy,
+                            chunk_size, max_tree_tokens) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs/entropies of the next-token positions ``keep`` (``[N]`` bool over real tokens) through
+    the prefix tree: rows sharing a prefix share its slots, and a slot's head output is computed once
+    per distinct next token (all rows through a slot agree on it, except where they branch)."""
+    tree = prefix_tree(input_ids, attention_mask, max_tree_tokens=max_tree_tokens)
+    hidden = tree_hidden(model.base_model, tree)  # [U, H]
+    vocab = head.weight.shape[0]
+    pairs, inverse = torch.unique(tree.slot[keep] * vocab + labels, return_inverse=True)
+    lp, ent = chunked_logprobs(hidden[pairs // vocab], head.weight, head.bias, pairs % vocab,
+                               temperature=temperature, with_entropy=with_entropy, chunk_size=chunk_size)
+    return lp[inverse], ent[inverse]

@@ -9,40 +9,46 @@ import torch
 
 from ..advantage import AdvantageInputs, AdvantageResult, TrajBatchMeta
 from ..loss import PolicyLogprobs, PolicyLossInputs, explained_variance, loss_normalizer, value_loss
+from ..model.prefix import GroupPrefix
 from ..rollout.batch import select_rows
 from .logprobs import forward_logprobs
 from .update import micro_batches, optimizer_steps
 
 
 @torch.no_grad()
-def batched_logprobs(model, batch: dict, *, temperature: float, mb_spec, autocast_dtype) -> torch.Tensor:
-    """``[B, S]`` next-token log-probabilities of ``batch`` under ``model``, micro-batch by micro-batch."""
+def batched_logprobs(model, batch: dict, *, temperature: float, mb_spec, autocast_dtype,
+                     prefix: GroupPrefix | None = None) -> torch.Tensor:
+    """``[B, S]`` next-token log-probabilities of ``batch`` under ``model``, micro-batch by micro-batch;
+    with ``prefix`` (the batch's prompt groups) each micro-batch's common prefixes are computed once."""
     out = torch.zeros(batch["input_ids"].shape, dtype=torch.float32, device=batch["input_ids"].device)
     lengths = batch["attention_mask"].sum(1).tolist()
-    for rows in micro_batches(list(range(len(lengths))), lengths, mb_spec):
+    for rows in micro_batches(list(range(len(lengths))), lengths, mb_spec, prefix):
         idx = torch.tensor(rows, device=out.device)
         sub = select_rows({"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}, idx)
         logp, _ = forward_logprobs(model, sub["input_ids"], sub["attention_mask"], temperature=temperature,
-                                   autocast_dtype=autocast_dtype)
+                                   autocast_dtype=autocast_dtype, prefix_sharing=prefix is not None)
         out[idx, : logp.shape[1]] = logp
     return out
 
 
 @torch.no_grad()
-def batched_values(critic, batch: dict, *, mb_spec, autocast_dtype) -> torch.Tensor:
-    """``[B, S]`` critic values of ``batch``, micro-batch by micro-batch."""
+def batched_values(critic, batch: dict, *, mb_spec, autocast_dtype, prefix: GroupPrefix | None = None) -> torch.Tensor:
+    """``[B, S]`` critic values of ``batch``, micro-batch by micro-batch (``prefix``: as in :func:`batched_logprobs`)."""
     out = torch.zeros(batch["input_ids"].shape, dtype=torch.float32, device=batch["input_ids"].device)
     lengths = batch["attention_mask"].sum(1).tolist()
-    for rows in micro_batches(list(range(len(lengths))), lengths, mb_spec):
+    for rows in micro_batches(list(range(len(lengths))), lengths, mb_spec, prefix):
         idx = torch.tensor(rows, device=out.device)
         sub = select_rows({"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}, idx)
-        out[idx, : sub["input_ids"].shape[1]] = critic(sub["input_ids"], sub["attention_mask"], autocast_dtype)
+        out[idx, : sub["input_ids"].shape[1]] = critic(sub["input_ids"], sub["attention_mask"], autocast_dtype,
+                                                       prefix_sharing=prefix is not None)
     return out
 
 
 def critic_update(critic, optimizer, data: dict, adv: AdvantageResult, *, critic_cfg, autocast_dtype,
-                  all_reduce=None, sync_grads=None, n_minibatches: int | None = None) -> tuple[dict[str, float], int]:
-    """``critic.ppo_n_minibatches`` optimizer steps of the clipped value loss towards ``adv.returns``."""
+                  all_reduce=None, sync_grads=None, n_minibatches: int | None = None,
+                  prefix: GroupPrefix | None = None) -> tuple[dict[str, float], int]:
+    """``critic.ppo_n_minibatches`` optimizer steps of the clipped value loss towards ``adv.returns``
+    (``prefix``: the batch's prompt groups under shared-prefix training)."""
     batch = {"input_ids": data["input_ids"], "attention_mask": data["attention_mask"], "loss_mask": adv.loss_mask,
              "old_values": data["values"], "returns": adv.returns}
 
@@ -50,14 +56,14 @@ def critic_update(critic, optimizer, data: dict, adv: AdvantageResult, *, critic
         return loss_normalizer(sub["loss_mask"], "token-mean")
 
     def loss_of(sub: dict, normalizer: torch.Tensor):
-        values = critic(sub["input_ids"], sub["attention_mask"], autocast_dtype)
+        values = critic(sub["input_ids"], sub["attention_mask"], autocast_dtype, prefix_sharing=prefix is not None)
         return value_loss(values, sub["old_values"], sub["returns"], sub["loss_mask"], critic_cfg.eps_clip,
                           normalizer=normalizer)
 
     metrics, skipped = optimizer_steps(
         batch, model=critic, optimizer=optimizer, n_minibatches=n_minibatches or critic_cfg.ppo_n_minibatches,
         mb_spec=critic_cfg.mb_spec, grad_clip=critic_cfg.optimizer.gradient_clipping, normalizer_of=normalizer_of,
-        loss_of=loss_of, all_reduce=all_reduce, sync_grads=sync_grads)
+        loss_of=loss_of, all_reduce=all_reduce, sync_grads=sync_grads, prefix=prefix)
     metrics = {k.replace("update/", "critic/update/"): v for k, v in metrics.items()}
     # How well the values the advantages were computed with predicted the returns (whole batch).
     metrics["critic/explained_variance_before_update"] = float(
@@ -86,8 +92,10 @@ def training_batch(data: dict, adv: AdvantageResult, policies: PolicyLogprobs) -
 
 
 def policy_update(model, optimizer, batch: dict, *, loss_fn, actor_cfg, version: int, autocast_dtype,
-                  all_reduce=None, sync_grads=None, n_minibatches: int | None = None) -> tuple[dict[str, float], int]:
-    """``actor.ppo_n_minibatches`` optimizer steps of the policy; returns (metrics, skipped steps)."""
+                  all_reduce=None, sync_grads=None, n_minibatches: int | None = None,
+                  prefix: GroupPrefix | None = None) -> tuple[dict[str, float], int]:
+    """``actor.ppo_n_minibatches`` optimizer steps of the policy; returns (metrics, skipped steps).
+    ``prefix``: the batch's prompt groups under shared-prefix training."""
 
     def normalizer_of(sub: dict) -> torch.Tensor:
         return loss_normalizer(sub["loss_mask"], actor_cfg.loss_agg_mode)
@@ -95,7 +103,7 @@ def policy_update(model, optimizer, batch: dict, *, loss_fn, actor_cfg, version:
     def loss_of(sub: dict, normalizer: torch.Tensor):
         logp, entropy = forward_logprobs(model, sub["input_ids"], sub["attention_mask"],
                                          temperature=actor_cfg.temperature, with_entropy=True,
-                                         autocast_dtype=autocast_dtype)
+                                         autocast_dtype=autocast_dtype, prefix_sharing=prefix is not None)
         policies = PolicyLogprobs(behavior=sub["old_logp"], proximal=sub.get("prox_logp"),
                                   versions=sub["versions"], current_version=version)
         inputs = PolicyLossInputs(logprobs=logp, policies=policies, advantages=sub["advantages"],
@@ -107,7 +115,7 @@ def policy_update(model, optimizer, batch: dict, *, loss_fn, actor_cfg, version:
     return optimizer_steps(batch, model=model, optimizer=optimizer,
                            n_minibatches=n_minibatches or actor_cfg.ppo_n_minibatches, mb_spec=actor_cfg.mb_spec,
                            grad_clip=opt_cfg.gradient_clipping, normalizer_of=normalizer_of, loss_of=loss_of,
-                           all_reduce=all_reduce, sync_grads=sync_grads)
+                           all_reduce=all_reduce, sync_grads=sync_grads, prefix=prefix)
 
 
 def rollout_metrics(data: dict, adv: AdvantageResult) -> dict[str, float]:

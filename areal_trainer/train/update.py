@@ -21,6 +21,7 @@ import torch
 from .. import fsdp
 from ..config.parts import MicroBatchSpec
 from ..loss.stats import reduce_stats
+from ..model.prefix import GroupPrefix, count_tree_tokens
 from ..rollout.batch import select_rows
 
 
@@ -37,13 +38,49 @@ def balanced_partition(sizes: list[int], n: int) -> list[list[int]]:
     return [sorted(p) for p in parts if p]
 
 
-def micro_batches(rows: list[int], lengths: list[int], spec: MicroBatchSpec) -> list[list[int]]:
+def group_units(rows: list[int], lengths: list[int], prefix: GroupPrefix, budget: int | None = None
+                ) -> tuple[list[list[int]], list[int]]:
+    """``rows`` as runs of one prompt group each (split where a run would exceed ``budget`` tokens)
+    and the tokens each run costs under shared-prefix training."""
+    units: list[list[int]] = []
+    for r in rows:
+        if units and prefix.group[units[-1][-1]] == prefix.group[r] and (
+                budget is None or prefix.cost(units[-1] + [r], lengths) <= budget):
+            units[-1].append(r)
+        else:
+            units.append([r])
+    return units, [prefix.cost(u, lengths) for u in units]
+
+
+def minibatches(lengths: list[int], n: int, prefix: GroupPrefix | None = None) -> list[list[int]]:
+    """``n`` minibatches of the batch's rows, balanced in tokens; with ``prefix`` (shared-prefix
+    training) whole prompt groups, balanced in the tokens the shared forward computes."""
+    if prefix is None:
+        return balanced_partition(lengths, n)
+    units, _ = group_units(list(range(len(lengths))), lengths, prefix)
+    # Fewer groups than minibatches: split the largest groups, so the number of optimizer steps
+    # stays what it is without sharing (every data-parallel rank must run the same number).
+    while len(units) < min(n, len(lengths)):
+        big = max(range(len(units)), key=lambda i: (len(units[i]), -i))
+        half = len(units[big]) // 2
+        units[big:big + 1] = [units[big][:half], units[big][half:]]
+    sizes = [prefix.cost(u, lengths) for u in units]
+    return [sorted(r for i in part for r in units[i]) for part in balanced_partition(sizes, n)]
+
+
+def micro_batches(rows: list[int], lengths: list[int], spec: MicroBatchSpec,
+                  prefix: GroupPrefix | None = None) -> list[list[int]]:
     """Split ``rows`` into at least ``spec.n_mbs`` parts, each within ``spec.max_tokens_per_mb`` if set,
     their number rounded up to a multiple of ``spec.n_mbs_divisor``; runs of ``spec.granularity``
-    consecutive rows stay together (at most one part per run)."""
-    g = max(1, spec.granularity)
-    units = [rows[i:i + g] for i in range(0, len(rows), g)]
-    sizes = [sum(lengths[r] for r in u) for u in units]
+    consecutive rows stay together (at most one part per run). With ``prefix`` (shared-prefix
+    training) the runs are the prompt groups instead, and tokens are counted as the shared forward
+    computes them (a group's prefix once)."""
+    if prefix is not None:
+        units, sizes = group_units(rows, lengths, prefix, spec.max_tokens_per_mb)
+    else:
+        g = max(1, spec.granularity)
+        units = [rows[i:i + g] for i in range(0, len(rows), g)]
+        sizes = [sum(lengths[r] for r in u) for u in units]
 
     def parts_of(n: int) -> list[list[int]]:
         n = -(-n // spec.n_mbs_divisor) * spec.n_mbs_divisor
@@ -67,21 +104,27 @@ def optimizer_steps(batch: dict[str, torch.Tensor], *, model: torch.nn.Module, o
                     normalizer_of: Callable[[dict], torch.Tensor],
                     loss_of: Callable[[dict, torch.Tensor], tuple[torch.Tensor, dict]],
                     all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                    sync_grads: Callable[[list], None] | None = None) -> tuple[dict[str, float], int]:
+                    sync_grads: Callable[[list], None] | None = None,
+                    prefix: GroupPrefix | None = None) -> tuple[dict[str, float], int]:
     """Run ``n_minibatches`` optimizer steps over ``batch``; returns (metrics, number of skipped steps).
 
     ``normalizer_of(micro)`` gives a micro-batch's share of the loss normaliser; ``loss_of(micro,
     normalizer)`` its loss (already divided by the step's global normaliser) and metrics.
+    ``prefix``: the batch's prompt groups under shared-prefix training (``loss_of`` computes each
+    micro-batch's common prefixes once); groups stay within one minibatch and micro-batch.
+    ``update/tokens``: real tokens of the batch; ``update/tokens_computed``: tokens its forwards computed.
     """
     lengths = batch["attention_mask"].sum(1).tolist()
     micro_stats: list[dict] = []
     norms, losses = [], []
-    skipped = 0
+    skipped, computed = 0, 0
     params = [p for p in model.parameters() if p.requires_grad]
     sharded = fsdp.is_sharded(model)
-    for rows in balanced_partition(lengths, n_minibatches):
-        micros = [torch.tensor(m) for m in micro_batches(rows, lengths, mb_spec)]
+    for rows in minibatches(lengths, n_minibatches, prefix):
+        micros = [torch.tensor(m) for m in micro_batches(rows, lengths, mb_spec, prefix)]
         subs = [select_rows(batch, m) for m in micros]
+        computed += sum(count_tree_tokens(s["input_ids"], s["attention_mask"]) if prefix is not None
+                        else int(s["attention_mask"].sum()) for s in subs)
         normalizer = sum(normalizer_of(s) for s in subs)
         if all_reduce is not None:
             normalizer = all_reduce(normalizer.clone())
@@ -110,4 +153,6 @@ def optimizer_steps(batch: dict[str, torch.Tensor], *, model: torch.nn.Module, o
     metrics["update/grad_norm"] = float(torch.stack(norms).mean())
     metrics["update/loss"] = float(torch.stack(losses).mean())
     metrics["update/skipped_steps"] = float(skipped)
+    metrics["update/tokens"] = float(sum(lengths))
+    metrics["update/tokens_computed"] = float(computed)
     return metrics, skipped
