@@ -14,6 +14,11 @@ the new weights, as inference servers do when a request is aborted and resubmitt
 keeps the version of the weights that sampled it. With ``interruptible=False`` the update waits
 until the running ``generate`` call has finished.
 
+Shared prefill. The samples of one prompt arrive as identical rows; their prompt is prefilled once
+(all but its last token), the key/value cache is expanded to the rows, and ``generate`` continues
+from it, so a step prefills each distinct prompt once instead of ``n_samples`` times. Sampling is
+unchanged: the same logits, the same random draws in the same order.
+
 Per-token behaviour log-probabilities are those of the temperature-scaled distribution the token
 was sampled from (after processors such as ``min_new_tokens``, before top-k/top-p truncation),
 recorded one step at a time so no ``[tokens, vocab]`` tensor is ever kept.
@@ -22,11 +27,13 @@ recorded one step at a time so no ``[tokens, vocab]`` tensor is ever kept.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import threading
 from dataclasses import dataclass
 
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+from transformers.cache_utils import DynamicCache
 
 from ..config.schema import GenerationHyperparameters
 from .types import Generation
@@ -86,9 +93,11 @@ class HFEngine:
 
     def __init__(self, model, tokenizer, *, device: torch.device, autocast_dtype: torch.dtype | None = None,
                  batch_size: int | None = None, interruptible: bool = False, stoppable: bool = False,
-                 version: int = 0):
+                 version: int = 0, share_prefill: bool = True):
         self.model, self.tokenizer, self.device, self.autocast_dtype = model, tokenizer, device, autocast_dtype
         self.batch_size = batch_size
+        self.share_prefill = share_prefill
+        """Prefill identical rows once and expand their key/value cache (see the module docstring)."""
         self.stoppable = stoppable or interruptible
         """Whether generation checks for updates, aborts and scheduled switches at every token."""
         self.gate = WeightGate(version, interruptible)
@@ -211,8 +220,33 @@ class HFEngine:
         self.model.eval()
         ctx = torch.autocast(self.device.type, self.autocast_dtype) if self.autocast_dtype else contextlib.nullcontext()
         with ctx, self._stream():  # results are read back on the stream that made them
-            seqs = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), **kwargs)
+            ids, mask = ids.to(self.device), mask.to(self.device)
+            if self.share_prefill:
+                kwargs.update(self._shared_prefill(ids, mask))
+            seqs = self.model.generate(input_ids=ids, attention_mask=mask, **kwargs)
             new = seqs[:, width:].cpu()
             recorded = recorder.finish(seqs[:, -1]).cpu()
         self.model.train(was_training)
         return new.tolist(), recorded.tolist()
+
+    def _shared_prefill(self, ids: torch.Tensor, mask: torch.Tensor) -> dict:
+        """``{"past_key_values": cache}`` of the left-padded rows ``ids`` ``[R, W]`` without their last
+        column, computed once per distinct row and expanded to all ``R``; ``{}`` when every row is
+        distinct or there is nothing to prefill. ``generate`` then runs only the last prompt token."""
+        if ids.shape[1] < 2:
+            return {}
+        distinct, inverse = torch.unique(ids, dim=0, return_inverse=True)
+        if distinct.shape[0] == ids.shape[0]:
+            return {}
+        first = torch.full((distinct.shape[0],), ids.shape[0], dtype=torch.long, device=ids.device)
+        first.scatter_reduce_(0, inverse, torch.arange(ids.shape[0], device=ids.device), reduce="amin")
+        u_mask = mask[first, :-1]
+        # The positions generate gives left-padded rows (cumulative count of real tokens, pads at 1).
+        positions = (u_mask.long().cumsum(-1) - 1).masked_fill_(u_mask == 0, 1)
+        cache = DynamicCache(config=self.model.config)
+        # The cache argument is `cache` in recent transformers, `past_key_values` before.
+        name = "cache" if "cache" in inspect.signature(type(self.model).forward).parameters else "past_key_values"
+        self.model(input_ids=distinct[:, :-1], attention_mask=u_mask, position_ids=positions, use_cache=True,
+                   **{name: cache})
+        cache.batch_select_indices(inverse)
+        return {name: cache}
