@@ -24,4 +24,10 @@ def make_engine(cfg: TrainerConfig, model, tokenizer, *, device: torch.device, a
         return VLLMEngine(model, tokenizer, device=device, seed=cfg.seed, dtype=dtype, interruptible=interruptible,
                           **cfg.rollout.vllm_kwargs)
     return HFEngine(model, tokenizer, device=device, autocast_dtype=autocast_dtype,
-                    batch_size=cfg.rollout.generation_batch_size)
+                    batch_size=cfg.rollout.generation_batch_size, share_prefill=share_prefill(cfg))
+
+
+def share_prefill(cfg: TrainerConfig) -> bool:
+    """HF generation prefills a prompt once for all its samples unless shared-prefix computation is
+    switched off (``actor.enable_tree_training=false``: every row computed in full, everywhere)."""
+    return cfg.actor.enable_tree_training is not False

@@ -24,7 +24,7 @@ import torch
 
 from ..config.schema import TrainerConfig
 from ..plugins import import_object
-from ..rollout.backends import make_engine
+from ..rollout.backends import make_engine, share_prefill
 from ..rollout.engine import HFEngine
 from ..rollout.staleness import StalenessManager
 from ..rollout.weights import rollout_copy
@@ -101,11 +101,11 @@ def build_rollout(cfg: TrainerConfig, *, model, tokenizer, reward, loader, devic
             engine = HFEngine(rollout_copy(model, dtype), tokenizer, device=device,
                               autocast_dtype=None if dtype is not None else autocast_dtype,
                               batch_size=r.generation_batch_size, stoppable=True,
-                              interruptible=mode == "concurrent" and r.partial_rollout)
+                              interruptible=mode == "concurrent" and r.partial_rollout, share_prefill=share_prefill(cfg))
         train_workflow = workflow(engine)
         # Evaluation measures the trained weights themselves, in the trainer's precision.
         eval_workflow = workflow(HFEngine(model, tokenizer, device=device, autocast_dtype=autocast_dtype,
-                                          batch_size=r.generation_batch_size))
+                                          batch_size=r.generation_batch_size, share_prefill=share_prefill(cfg)))
     common = dict(loader=loader, workflow=train_workflow, engine=engine, gconfig=cfg.gconfig,
                   batch_size=cfg.train_dataset.batch_size // world_size,
                   accept=import_object(r.dynamic_filter, "rollout.dynamic_filter") if r.dynamic_filter else None,

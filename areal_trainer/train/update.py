@@ -52,22 +52,6 @@ def group_units(rows: list[int], lengths: list[int], prefix: GroupPrefix, budget
     return units, [prefix.cost(u, lengths) for u in units]
 
 
-def minibatches(lengths: list[int], n: int, prefix: GroupPrefix | None = None) -> list[list[int]]:
-    """``n`` minibatches of the batch's rows, balanced in tokens; with ``prefix`` (shared-prefix
-    training) whole prompt groups, balanced in the tokens the shared forward computes."""
-    if prefix is None:
-        return balanced_partition(lengths, n)
-    units, _ = group_units(list(range(len(lengths))), lengths, prefix)
-    # Fewer groups than minibatches: split the largest groups, so the number of optimizer steps
-    # stays what it is without sharing (every data-parallel rank must run the same number).
-    while len(units) < min(n, len(lengths)):
-        big = max(range(len(units)), key=lambda i: (len(units[i]), -i))
-        half = len(units[big]) // 2
-        units[big:big + 1] = [units[big][:half], units[big][half:]]
-    sizes = [prefix.cost(u, lengths) for u in units]
-    return [sorted(r for i in part for r in units[i]) for part in balanced_partition(sizes, n)]
-
-
 def micro_batches(rows: list[int], lengths: list[int], spec: MicroBatchSpec,
                   prefix: GroupPrefix | None = None) -> list[list[int]]:
     """Split ``rows`` into at least ``spec.n_mbs`` parts, each within ``spec.max_tokens_per_mb`` if set,
@@ -111,7 +95,9 @@ def optimizer_steps(batch: dict[str, torch.Tensor], *, model: torch.nn.Module, o
     ``normalizer_of(micro)`` gives a micro-batch's share of the loss normaliser; ``loss_of(micro,
     normalizer)`` its loss (already divided by the step's global normaliser) and metrics.
     ``prefix``: the batch's prompt groups under shared-prefix training (``loss_of`` computes each
-    micro-batch's common prefixes once); groups stay within one minibatch and micro-batch.
+    micro-batch's common prefixes once). Minibatches are the same with or without it (balanced
+    rows, so sharing does not change what each optimizer step sees); micro-batches keep a
+    minibatch's rows of one group together.
     ``update/tokens``: real tokens of the batch; ``update/tokens_computed``: tokens its forwards computed.
     """
     lengths = batch["attention_mask"].sum(1).tolist()
@@ -120,7 +106,7 @@ def optimizer_steps(batch: dict[str, torch.Tensor], *, model: torch.nn.Module, o
     skipped, computed = 0, 0
     params = [p for p in model.parameters() if p.requires_grad]
     sharded = fsdp.is_sharded(model)
-    for rows in minibatches(lengths, n_minibatches, prefix):
+    for rows in balanced_partition(lengths, n_minibatches):
         micros = [torch.tensor(m) for m in micro_batches(rows, lengths, mb_spec, prefix)]
         subs = [select_rows(batch, m) for m in micros]
         computed += sum(count_tree_tokens(s["input_ids"], s["attention_mask"]) if prefix is not None
