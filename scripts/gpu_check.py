@@ -2,7 +2,9 @@
 through the real trainer, with the HF rollout backend, synchronously and asynchronously
 (``rollout.max_head_offpolicyness`` = each of ``--etas``); writes tokens/s, step time, peak memory and
 the model-FLOPs utilisation (MFU) of the update per setting, and the asynchronous/synchronous
-steps-per-second ratio, to a JSON file and prints it.
+steps-per-second ratio, to a JSON file and prints it. The synchronous setting also runs with
+shared-prefix training off (``--no-unshared`` skips it): ``shared_vs_unshared`` holds the time ratios
+(> 1: sharing faster) and each setting its real and computed update tokens.
 
     python scripts/gpu_check.py --shape qwen2.5-1.5b --steps 4 --out gpu_check.json
     python scripts/gpu_check.py --shape tiny --steps 2 --out /tmp/check.json     # CPU smoke of this script
@@ -68,8 +70,9 @@ def peak_flops() -> float | None:
     return next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None)
 
 
-def run_setting(args, eta: int, model_dir: str, n_params: int, tmp: str) -> dict:
-    """One run of the trainer with ``rollout.max_head_offpolicyness=eta``; its steady-state numbers."""
+def run_setting(args, eta: int, model_dir: str, n_params: int, tmp: str, shared: bool = True) -> dict:
+    """One run of the trainer with ``rollout.max_head_offpolicyness=eta`` (``shared``: shared-prefix
+    training and prefill, the default, or both off); its steady-state numbers."""
     from areal_trainer.config import load_config
     from areal_trainer.tracking.logger import read_metrics
     from areal_trainer.train.run import run
@@ -81,12 +84,12 @@ def run_setting(args, eta: int, model_dir: str, n_params: int, tmp: str) -> dict
         "sft_warmup.steps=0", "valid_dataset=null", "evaluator.eval_before_train=false", "evaluator.freq_steps=null",
         "saver.freq_steps=null", "stats_logger.plot=false", "stats_logger.progress_bar=false",
         "actor.gradient_checkpointing=true", "actor.optimizer.lr=1e-6", f"cluster.fileroot={tmp}",
-        f"rollout.max_head_offpolicyness={eta}",
+        f"rollout.max_head_offpolicyness={eta}", *([] if shared else ["actor.enable_tree_training=false"]),
     ])
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    run_dir = os.path.join(tmp, f"run-eta{eta}")
+    run_dir = os.path.join(tmp, f"run-eta{eta}-{'shared' if shared else 'unshared'}")
     run(cfg, run_dir=run_dir)
     records = [r for r in read_metrics(os.path.join(run_dir, "metrics.jsonl")) if "time/step" in r]
     steady = records[1:] or records  # the first step includes CUDA/kernels warm-up (asynchronous: the pipeline fills)
@@ -104,6 +107,7 @@ def run_setting(args, eta: int, model_dir: str, n_params: int, tmp: str) -> dict
         "update_mfu": (6 * n_params * seq_tokens / mean("time/update") / flops) if flops else None,
         "overlap_frac": mean("rollout/overlap_frac"), "trainer_idle_frac": mean("rollout/trainer_idle_frac"),
         "max_staleness": max(r.get("actor/staleness/max", 0.0) for r in records),
+        "update_tokens": mean("update/tokens"), "update_tokens_computed": mean("update/tokens_computed"),
     }
 
 
@@ -115,6 +119,8 @@ def main() -> int:
     ap.add_argument("--samples", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--etas", default="0,2", help="max_head_offpolicyness settings to run; 0 is synchronous")
+    ap.add_argument("--unshared", action=argparse.BooleanOptionalAction, default=True,
+                    help="also run the synchronous setting with shared-prefix training off, and compare")
     ap.add_argument("--out", default="gpu_check.json")
     args = ap.parse_args()
     os.environ.setdefault("WANDB_MODE", "disabled")
@@ -123,11 +129,16 @@ def main() -> int:
         model_dir = os.path.join(tmp, "model")
         n_params = make_model_dir(args.shape, model_dir)
         runs = {eta: run_setting(args, eta, model_dir, n_params, tmp) for eta in map(int, args.etas.split(","))}
+        unshared = run_setting(args, 0, model_dir, n_params, tmp, shared=False) if args.unshared else None
     first = next(iter(runs.values()))
     result = {"date": time.strftime("%Y-%m-%d"), "device": first["device"], "shape": args.shape, "parameters": n_params,
               "prompts": args.prompts, "samples": args.samples, "max_new_tokens": args.max_new_tokens,
               **{k: v for k, v in first.items() if k != "device"},  # the first setting (synchronous by default)
               "settings": runs, "wall_s": time.time() - t0}
+    if unshared is not None:  # the synchronous setting with every row computed in full
+        result["unshared_sync"] = unshared
+        result["shared_vs_unshared"] = {k: unshared[k] / runs[0][k] for k in ("step_time_s", "update_time_s",
+                                        "logprob_time_s", "rollout_time_s") if 0 in runs and runs[0][k]}
     if 0 in runs:
         result["steps_per_s_vs_sync"] = {eta: r["step_time_s"] and runs[0]["step_time_s"] / r["step_time_s"]
                                          for eta, r in runs.items()}

@@ -19,3 +19,7 @@ def test_gpu_check_script_cpu_smoke(tmp_path):
         assert report[key] > 0
     assert set(report["settings"]) == {"0", "1"} and report["settings"]["1"]["max_staleness"] <= 1
     assert report["steps_per_s_vs_sync"]["1"] > 0
+    shared, unshared = report["settings"]["0"], report["unshared_sync"]
+    assert unshared["update_tokens_computed"] == unshared["update_tokens"]  # every row in full
+    assert shared["update_tokens_computed"] < shared["update_tokens"]  # a prompt's samples share it
+    assert report["shared_vs_unshared"]["update_time_s"] > 0
