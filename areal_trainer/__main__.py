@@ -4,7 +4,8 @@ Before Hydra parses anything, ``+key=value`` is made to work for keys the YAML a
 every override is checked against the schema so that all unknown keys and wrong types are
 reported together (with the problems of the config composed without those overrides, in one round).
 Then the config is validated (every rule and plugin) before any model loads; a run that fails
-before training leaves no run directory behind (``tracking/rundir.py``).
+before training leaves no run directory behind (``tracking/rundir.py``). The run's console output
+also goes to the run log, ``<run dir>/__main__.log`` (``tracking/runlog.py``).
 """
 
 from __future__ import annotations
@@ -19,9 +20,17 @@ def _fail(msg: str) -> None:
 
 
 def _task(cfg) -> float | None:
+    from .tracking import runlog
+
+    with runlog.capture() as log:
+        return _job(cfg, log)
+
+
+def _job(cfg, log) -> float | None:
     from hydra.core.hydra_config import HydraConfig
 
     from .config import ConfigError, to_trainer_config
+    from .tracking import runlog
     from .tracking.rundir import remove_if_unused
 
     run_dir = HydraConfig.get().runtime.output_dir
@@ -29,7 +38,10 @@ def _task(cfg) -> float | None:
         tcfg = to_trainer_config(cfg)
     except ConfigError as e:
         remove_if_unused(run_dir)
-        _fail(str(e))
+        _fail(str(e))  # the run log never opens: nothing is written into the run directory
+    # The config's warnings, held so far, go to the file now. With scheduler.type the processes it
+    # starts write it (their rank 0), not this launcher.
+    log.start(runlog.job_log_path() if tcfg.scheduler.type is None and runlog.writes_run_log() else None)
     from transformers.utils import logging as hf_logging
 
     from .errors import UserError

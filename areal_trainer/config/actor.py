@@ -162,9 +162,6 @@ class PPOCriticConfig(TrainEngineConfig):
             p.append(f"{key}.eps_clip: got {self.eps_clip}; the value clip range must be > 0.")
         if self.optimizer is None:
             p.append(f"{key}.optimizer: the critic is trained and needs an optimizer section.")
-        if self.use_lora:
-            p.append(f"{key}.use_lora: LoRA for the critic is not supported yet (only actor.use_lora); remove "
-                     f"{key}.use_lora.")
         return p
 
 

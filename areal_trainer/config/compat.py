@@ -18,7 +18,6 @@ REJECTED = {
     "train_dataset.type": "only 'rl'; 'sft' is an error that points to sft_warmup",
     "valid_dataset.type": "only 'rl'",
     "*.peft_type": "only 'lora' (the default); other PEFT methods are an error",
-    "critic.use_lora": "LoRA for the critic is not supported yet; only actor.use_lora",
 }
 """Keys whose other values are configuration errors (see each section's ``check``)."""
 

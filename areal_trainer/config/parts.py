@@ -256,7 +256,8 @@ class TrainEngineConfig(Checked):
     is_critic: bool = False
     """AReaL's flag for the value model; false for ``actor`` and ``ref`` (the critic is its own section)."""
     use_lora: bool = False
-    """Train LoRA adapters (peft) instead of the whole model, base weights frozen; the actor only, for now."""
+    """Train LoRA adapters (peft) instead of the whole model, base weights frozen (the critic: on its backbone,
+    with the value head fully trained)."""
     lora_rank: int = 32
     """LoRA rank r of the adapters (>= 1)."""
     lora_alpha: int = 16

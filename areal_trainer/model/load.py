@@ -88,3 +88,24 @@ def load_causal_lm(path: str, *, tokenizer, dtype: str, device: torch.device, se
     except (OSError, ValueError) as e:
         raise _missing(path, key, e) from None
     return model.to(device=device, dtype=param_dtype(dtype))
+
+
+def load_skeleton(path: str, *, tokenizer, key: str):
+    """The causal LM of ``path`` on the meta device: its modules without weights, for checks of its
+    structure (such as LoRA target module names) before anything large loads."""
+    if builtin.is_builtin(path):
+        try:
+            with torch.device("meta"):
+                return builtin.build_model(path, tokenizer, 0)
+        except ValueError as e:
+            raise UserError(f"{key}: {e}") from None
+    if smollm2.is_smollm2(path):
+        path = smollm2.ensure_checkpoint(key)
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise _missing(path, key, e) from None
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config)

@@ -1,4 +1,4 @@
-"""LoRA adapters through ``peft`` (``actor.use_lora``).
+"""LoRA adapters through ``peft`` (``actor.use_lora``, ``critic.use_lora``).
 
 ``attach`` injects the adapters *in place*: the policy module the trainer holds stays the same
 object (now with LoRA layers, base weights frozen) and ``PeftModel.get_base_model()`` returns it,
@@ -10,7 +10,12 @@ B·A·scale under the base model's parameter names, computed without touching th
 
 A checkpoint's ``actor/`` holds the adapter (``save_pretrained``), ``lora_base.json`` naming the base
 model, and, when the base weights differ from what that path loads (after the supervised warm
-start), the base weights themselves in ``base_model.pt``.
+start), the base weights themselves in ``base_model.pt``. The critic's adapters sit on its backbone
+(the value head stays a plain, fully trained Linear); its ``critic/`` holds the same files for the
+backbone plus ``value_head.pt``.
+
+Under FSDP2 a module's own state dict holds only this rank's shards: the checkpoint and the merged
+weights are then computed from the full state dict the caller gathered (``state``/``state_dict``).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import warnings
 import torch
 
 from ..errors import UserError
+from .critic import HEAD_FILE
 
 BASE_FILE = "base_model.pt"
 BASE_INFO = "lora_base.json"
@@ -36,7 +42,7 @@ def linear_names(model: torch.nn.Module) -> list[str]:
                    if isinstance(m, torch.nn.Linear) and m is not head})
 
 
-def lora_config(cfg, model: torch.nn.Module, key: str = "actor"):
+def lora_config(cfg, model: torch.nn.Module, key: str = "actor", task_type: str = "CAUSAL_LM"):
     """peft's ``LoraConfig`` for ``cfg`` (a ``TrainEngineConfig``); a UserError naming
     ``{key}.target_modules`` when the model lacks one of them."""
     from peft import LoraConfig
@@ -49,12 +55,14 @@ def lora_config(cfg, model: torch.nn.Module, key: str = "actor"):
             raise UserError(f"{key}.target_modules: {missing} not found in {cfg.path!r}; its Linear layers are "
                             f"{found} (or give [all-linear]).")
     return LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-                      target_modules="all-linear" if targets == ["all-linear"] else targets, task_type="CAUSAL_LM")
+                      target_modules="all-linear" if targets == ["all-linear"] else targets, task_type=task_type)
 
 
-def attach(model: torch.nn.Module, cfg, *, seed: int, adapter_dir: str | None = None, key: str = "actor"):
+def attach(model: torch.nn.Module, cfg, *, seed: int, adapter_dir: str | None = None, key: str = "actor",
+           task_type: str = "CAUSAL_LM"):
     """Inject LoRA adapters into ``model`` in place and return the ``PeftModel``: new ones (seeded), or
-    trainable ones loaded from ``adapter_dir`` (a checkpoint's ``actor/``)."""
+    trainable ones loaded from ``adapter_dir`` (a checkpoint's ``actor/`` or ``critic/``). ``task_type``:
+    ``CAUSAL_LM`` for the policy, ``FEATURE_EXTRACTION`` for a backbone without a vocabulary head."""
     from peft import PeftModel, get_peft_model
 
     with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
@@ -64,7 +72,7 @@ def attach(model: torch.nn.Module, cfg, *, seed: int, adapter_dir: str | None = 
         if adapter_dir is not None:
             peft = PeftModel.from_pretrained(model, adapter_dir, is_trainable=True)
         else:
-            peft = get_peft_model(model, lora_config(cfg, model, key))
+            peft = get_peft_model(model, lora_config(cfg, model, key, task_type))
     assert peft.get_base_model() is model  # injected in place
     return peft
 
@@ -87,22 +95,31 @@ def _lora_layers(base: torch.nn.Module) -> dict[str, torch.nn.Module]:
 
 
 @torch.no_grad()
-def merged_state_dict(peft, *, merge: bool = True) -> dict[str, torch.Tensor]:
+def merged_state_dict(peft, *, merge: bool = True, state: dict[str, torch.Tensor] | None = None
+                      ) -> dict[str, torch.Tensor]:
     """The policy's weights under the base model's names: base + B·A·scale of the active adapter
-    (``merge=False``: the frozen base weights alone). New tensors; the training model is unchanged."""
+    (``merge=False``: the frozen base weights alone). New tensors; the training model is unchanged.
+
+    ``state``: the base model's full state dict, when its own holds only shards (FSDP2)."""
+    from peft.utils.other import transpose
+
     base = peft.get_base_model()
-    layers = _lora_layers(base)
+    if state is None:
+        state = base.state_dict()
     out = {}
-    for name, t in base.state_dict().items():
+    for name, t in state.items():
         if ".lora_" in name:
             continue
         out[name.replace(".base_layer.", ".")] = t.detach().clone()
     if merge:
-        for name, layer in layers.items():
+        for name, layer in _lora_layers(base).items():
             for adapter in layer.active_adapters:
                 if adapter in layer.lora_A:
+                    a, b = state[f"{name}.lora_A.{adapter}.weight"], state[f"{name}.lora_B.{adapter}.weight"]
+                    # peft's own merge (get_delta_weight), in float32 so half-precision weights lose nothing more
+                    delta = transpose(b.float() @ a.float(), layer.fan_in_fan_out) * layer.scaling[adapter]
                     w = out[f"{name}.weight"]
-                    out[f"{name}.weight"] = w + layer.get_delta_weight(adapter).to(w.dtype)
+                    out[f"{name}.weight"] = w + delta.to(w.dtype)
     return out
 
 
@@ -113,32 +130,74 @@ def reference_policy(peft):
         yield peft.get_base_model()
 
 
+PEFT_PREFIX = "base_model.model."
+"""What the ``PeftModel`` puts before the adapted model's parameter names."""
+
+
 class AdapterCheckpoint:
-    """What a checkpoint's ``actor/`` saves with LoRA (``save_pretrained(path)``, like a model)."""
+    """What a checkpoint's ``actor/`` saves with LoRA (``save_pretrained(path)``, like a model).
 
-    def __init__(self, peft, base_path: str, save_base: bool):
+    ``module`` is the model whose full state dict a sharded run passes to ``save_pretrained``, and
+    ``prefix`` the adapted model's name inside it ("" for the policy, ``backbone.`` for the critic)."""
+
+    def __init__(self, peft, base_path: str, save_base: bool, module: torch.nn.Module | None = None,
+                 prefix: str = ""):
         self.peft, self.base_path, self.save_base = peft, base_path, save_base
+        self.module, self.prefix = (peft.get_base_model() if module is None else module), prefix
 
-    def save_pretrained(self, path: str) -> None:
-        self.peft.save_pretrained(path)
+    def _part(self, state: dict, prefix: str) -> dict:
+        return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+
+    def save_pretrained(self, path: str, state_dict: dict | None = None) -> None:
+        base_state = None if state_dict is None else self._part(state_dict, self.prefix)
+        if base_state is None:
+            self.peft.save_pretrained(path)
+        else:
+            self.peft.save_pretrained(path, state_dict={PEFT_PREFIX + k: v for k, v in base_state.items()})
         if self.save_base:
-            torch.save(merged_state_dict(self.peft, merge=False), os.path.join(path, BASE_FILE))
+            torch.save(merged_state_dict(self.peft, merge=False, state=base_state), os.path.join(path, BASE_FILE))
         with open(os.path.join(path, BASE_INFO), "w") as f:
             json.dump({"base": self.base_path, "base_weights": BASE_FILE if self.save_base else None}, f)
+
+
+class ValueAdapterCheckpoint(AdapterCheckpoint):
+    """A checkpoint's ``critic/`` with LoRA: the backbone's adapter (as for the policy) and the value head."""
+
+    def __init__(self, critic: torch.nn.Module, peft, base_path: str, save_base: bool):
+        super().__init__(peft, base_path, save_base, module=critic, prefix="backbone.")
+
+    def save_pretrained(self, path: str, state_dict: dict | None = None) -> None:
+        super().save_pretrained(path, state_dict)
+        head = self.module.value_head.state_dict() if state_dict is None else self._part(state_dict, "value_head.")
+        torch.save({k: v.detach().cpu().clone() for k, v in head.items()}, os.path.join(path, HEAD_FILE))
 
 
 def is_adapter_dir(path: str) -> bool:
     return os.path.isfile(os.path.join(path, ADAPTER_CONFIG))
 
 
-def load_base_weights(model: torch.nn.Module, adapter_dir: str, base_path: str) -> bool:
+def resume_adapter_dir(checkpoint: str | None, name: str, use_lora: bool) -> str | None:
+    """``<checkpoint>/<name>`` when it holds a LoRA adapter (else None); a UserError naming
+    ``{name}.use_lora`` when that does not match ``use_lora``."""
+    if checkpoint is None:
+        return None
+    path = os.path.join(checkpoint, name)
+    adapter = is_adapter_dir(path)
+    if adapter != use_lora:
+        held = "a LoRA adapter" if adapter else "full weights, not a LoRA adapter"
+        raise UserError(f"{name}.use_lora={str(use_lora).lower()}: {path} holds {held}; resume it with "
+                        f"{name}.use_lora={str(not use_lora).lower()}.")
+    return path if adapter else None
+
+
+def load_base_weights(model: torch.nn.Module, adapter_dir: str, base_path: str, key: str = "actor") -> bool:
     """Before ``attach(..., adapter_dir=...)``: check the checkpoint's base and load its saved base
     weights into ``model`` (the base from ``base_path``), if any; returns whether there were some."""
     with open(os.path.join(adapter_dir, BASE_INFO)) as f:
         info = json.load(f)
     if info["base"] != base_path:
-        raise UserError(f"actor.path: got {base_path!r}, but the checkpoint {adapter_dir} holds a LoRA adapter for "
-                        f"{info['base']!r}; resume with actor.path={info['base']}.")
+        raise UserError(f"{key}.path: got {base_path!r}, but the checkpoint {adapter_dir} holds a LoRA adapter for "
+                        f"{info['base']!r}; resume with {key}.path={info['base']}.")
     if info["base_weights"] is None:
         return False
     model.load_state_dict(torch.load(os.path.join(adapter_dir, info["base_weights"]), weights_only=True))

@@ -1,6 +1,7 @@
 """No run directory is left behind by a run that fails before training (a configuration or user error).
 
-Hydra creates the run directory, with ``.hydra/`` and an empty ``<job>.log``, before the task starts.
+Hydra creates the run directory, with ``.hydra/`` and an empty ``<job>.log``, before the task starts
+(the log then receives the console lines, ``tracking/runlog.py``).
 ``RunDirGuard`` (a Hydra callback named in ``conf/config.yaml``) notes, just before that, which
 directories of the run's path already exist; ``remove_if_unused`` then removes the ones this
 invocation created, but only while the run directory holds nothing but those Hydra files (never one
@@ -15,9 +16,12 @@ import shutil
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
+from .runlog import bytes_written
+
 HYDRA_FILES = {"config.yaml", "hydra.yaml", "overrides.yaml"}
 TINY_LOG_BYTES = 4096
-"""A job log this small holds at most a few start-up lines."""
+"""A job log this small holds at most a few start-up lines (not counting this process's console lines,
+which a run failing at start-up writes too: its warnings and the error)."""
 
 _CREATED: dict[str, tuple[str, str]] = {}
 """Run directory (absolute) -> (its deepest ancestor that existed before this invocation, the job log's name)."""
@@ -46,7 +50,7 @@ def _only_hydra_files(run_dir: str, log: str) -> bool:
             if any(e.name not in HYDRA_FILES or not e.is_file(follow_symlinks=False) for e in os.scandir(entry.path)):
                 return False
         elif not (entry.name == log and entry.is_file(follow_symlinks=False)
-                  and entry.stat().st_size <= TINY_LOG_BYTES):
+                  and entry.stat().st_size - bytes_written(entry.path) <= TINY_LOG_BYTES):
             return False
     return True
 

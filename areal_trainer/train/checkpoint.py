@@ -85,7 +85,8 @@ def save_checkpoint(run_dir: str, step: int, *, models: dict, tokenizer, state: 
     for name, model in models.items():
         save_model(model, os.path.join(tmp, name), (weights or {}).get(name))
         tokenizer.save_pretrained(os.path.join(tmp, name))
-    torch.save({**state, "rng": rng_state(), "step": step}, os.path.join(tmp, "trainer_state.pt"))
+    # The caller's "rng" (every rank's, gathered) wins over this process's own.
+    torch.save({"rng": rng_state(), **state, "step": step}, os.path.join(tmp, "trainer_state.pt"))
     with open(os.path.join(tmp, MARKER), "w") as f:
         json.dump({"step": step}, f)
     if os.path.exists(final):  # re-saving a step: swap, never leaving a half-written step_<N>

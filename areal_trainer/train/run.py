@@ -12,7 +12,10 @@ forwards run with the weights gathered (``fsdp.gathered``), checkpoints hold the
 
 With ``actor.use_lora`` (``model/lora.py``) the warm start trains the whole base model; the adapters
 are attached in place when RL begins (``_attach_lora``), after the critic is copied; engines with
-their own weights then receive the merged weights (``_push_weights``).
+their own weights then receive the merged weights (``_push_weights``). ``critic.use_lora`` gives the
+critic its own adapters when it is built (``models.build_critic``). Under FSDP2 the adapters are
+attached before the models are sharded, and checkpoints and merged weights come from the gathered
+full state dicts.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from ..model.load import autocast_dtype, load_causal_lm, load_tokenizer, resolve
 from ..plugins import import_object
 from ..reward.runner import RewardRunner
 from ..rollout.batch import concat_groups
+from ..tracking import runlog
 from ..tracking.console import ProgressPostfix
 from ..tracking.logger import NullLogger, StatsLogger, read_metrics
 from ..tracking.plot import plot_run
@@ -48,7 +52,7 @@ from ..tracking.samples import eval_example, step_samples
 from . import checkpoint as ckpt
 from . import policies
 from .evaluate import evaluate
-from .models import build_critic, build_ref, ref_is_base
+from .models import build_critic, build_ref, check_critic_lora, ref_is_base
 from .optim import build_optimizer, build_scheduler
 from .sft import warm_start
 from .sources import build_rollout, rollout_mode
@@ -82,9 +86,6 @@ class RLTrainer:
                             f"divisible by the {self.dist.world_size} processes.")
         if self.dist.fsdp and cfg.rollout.backend != "hf":
             raise UserError(f"rollout.backend={cfg.rollout.backend} is not supported with FSDP2 yet; use rollout.backend=hf.")
-        if self.dist.fsdp and cfg.actor.use_lora:
-            raise UserError("actor.use_lora=true is not supported with FSDP2 yet; train LoRA without FSDP (plain "
-                            "data parallelism), or set actor.use_lora=false.")
         self.autocast = autocast_dtype(cfg.actor.dtype, self.device)
         self.resume_from = self._resume_checkpoint()
         self.tokenizer = load_tokenizer(cfg.tokenizer_path or cfg.actor.path,
@@ -94,21 +95,22 @@ class RLTrainer:
         self.valid_samples = (build_samples(cfg.valid_dataset, self.tokenizer, "valid_dataset")
                               if cfg.valid_dataset is not None else None)
         actor_dir = os.path.join(self.resume_from, "actor") if self.resume_from else None
-        self.adapter_dir = actor_dir if actor_dir and lora.is_adapter_dir(actor_dir) else None
-        if actor_dir and bool(self.adapter_dir) != cfg.actor.use_lora:
-            held = "a LoRA adapter" if self.adapter_dir else "full weights, not a LoRA adapter"
-            raise UserError(f"actor.use_lora={str(cfg.actor.use_lora).lower()}: {actor_dir} holds {held}; resume it "
-                            f"with actor.use_lora={str(not cfg.actor.use_lora).lower()}.")
+        self.adapter_dir = lora.resume_adapter_dir(self.resume_from, "actor", cfg.actor.use_lora)
+        if cfg.critic is not None:  # a mismatch fails now, not once the critic is built
+            lora.resume_adapter_dir(self.resume_from, "critic", cfg.critic.use_lora)
         path = actor_dir if actor_dir and not self.adapter_dir else cfg.actor.path
         self.model = load_causal_lm(path, tokenizer=self.tokenizer, dtype=cfg.actor.dtype, device=self.device,
                                     seed=cfg.seed, init_from_scratch=cfg.actor.init_from_scratch and path == cfg.actor.path)
         self.peft = None  # the PeftModel around self.model once LoRA adapters are attached
-        # Whether LoRA checkpoints carry the base weights (they differ from what actor.path loads).
+        # Whether the base weights differ from what actor.path loads (a warm start, init_from_scratch): then
+        # LoRA checkpoints carry them, also those of a LoRA critic copied from the policy.
         self.lora_base_changed = cfg.actor.init_from_scratch
         if self.adapter_dir:
             self.lora_base_changed = lora.load_base_weights(self.model, self.adapter_dir, cfg.actor.path)
         elif cfg.actor.use_lora:
             lora.lora_config(cfg.actor, self.model)  # bad target modules fail now, not after the warm start
+        if not self.resume_from:
+            check_critic_lora(cfg, self.model, self.tokenizer)
         if cfg.actor.gradient_checkpointing:
             getattr(self.model, "activation_checkpointing_enable", self.model.gradient_checkpointing_enable)()
         reward = RewardRunner(import_object(cfg.reward.fn, "reward.fn"), name=cfg.reward.fn, kwargs=cfg.reward.kwargs,
@@ -132,6 +134,7 @@ class RLTrainer:
         # final (under FSDP2, the sharded ones); the warm start has its own optimizer.
         self.optimizer = self.scheduler = None
         self.ref = self.critic = self.critic_optimizer = self.critic_scheduler = None
+        self.critic_saved = None  # what a checkpoint's critic/ saves: the critic, or its LoRA adapter and head
         self.sum_fn = self.dist.sum_fn()
         self.sync_grads = self.dist.sync_gradients if self.dist.enabled and not self.dist.fsdp else None
         self.step, self.consecutive_skips = 0, 0
@@ -149,7 +152,10 @@ class RLTrainer:
         FSDP2, the sharded policy and critic; then the optimizers and schedulers of both."""
         cfg = self.cfg
         self.ref = build_ref(cfg, self.model, self.tokenizer, self.device, self.resume_from)
-        self.critic = build_critic(cfg, self.model, self.tokenizer, self.device, self.resume_from)
+        self.critic, self.critic_saved = build_critic(cfg, self.model, self.tokenizer, self.device, self.resume_from,
+                                                      policy_changed=self.lora_base_changed)
+        if self.critic_saved is not self.critic and self.dist.is_main:
+            print(f"critic {lora.summary(self.critic)}", flush=True)
         if cfg.actor.use_lora:
             self._attach_lora()
         if self.dist.fsdp:
@@ -172,10 +178,15 @@ class RLTrainer:
         if self.dist.is_main:
             print(lora.summary(self.peft), flush=True)
 
+    @contextlib.contextmanager
     def _reference(self):
-        """The reference policy for the KL term: its own model, or the LoRA policy with the adapter off."""
-        return lora.reference_policy(self.peft) if self.peft is not None and self.ref is None \
-            else contextlib.nullcontext(self.ref)
+        """The reference policy for the KL term: its own model, or the LoRA policy with the adapter off
+        (gathered under FSDP2, like every no-grad forward of the policy)."""
+        if self.peft is None or self.ref is not None:
+            yield self.ref
+            return
+        with fsdp.gathered(self.model), lora.reference_policy(self.peft) as ref:
+            yield ref
 
     def _resume_checkpoint(self) -> str | None:
         found = ckpt.latest_checkpoint(self.run_dir)
@@ -210,14 +221,16 @@ class RLTrainer:
         models = {"actor": self.model if self.peft is None else
                   lora.AdapterCheckpoint(self.peft, self.cfg.actor.path, self.lora_base_changed)}
         if self.critic is not None:
-            models["critic"] = self.critic
+            models["critic"] = self.critic_saved
             state.update(critic_optimizer=fsdp.optimizer_state(self.critic, self.critic_optimizer),
                          critic_scheduler=self.critic_scheduler.state_dict())
         if self.ref is not None:
             models["ref"] = self.ref  # the policy as RL began; not reloadable from a path after a warm start
         self.last_save = time.time()
         rng = self.dist.gather_objects(ckpt.rng_state())
-        weights = {k: fsdp.full_state_dict(m) for k, m in models.items() if fsdp.is_sharded(m)}  # collective
+        # Sharded models (a LoRA checkpoint's: its ``module``) are saved from their full weights (collective).
+        sharded = {k: getattr(m, "module", m) for k, m in models.items()}
+        weights = {k: fsdp.full_state_dict(m) for k, m in sharded.items() if fsdp.is_sharded(m)}
         if not self.dist.is_main:
             return ""
         return ckpt.save_checkpoint(self.run_dir, self.step, models=models, tokenizer=self.tokenizer,
@@ -260,7 +273,8 @@ class RLTrainer:
         if fsdp.is_sharded(self.model) and not self.colocated:
             weights = fsdp.full_state_dict(self.model, all_ranks=True)  # collective
         if self.peft is not None and not (self.colocated and self.cfg.rollout.backend == "hf"):
-            weights = lora.merged_state_dict(self.peft)  # an engine with its own, plain weights
+            full = weights if isinstance(weights, dict) else None  # gathered from the shards
+            weights = lora.merged_state_dict(self.peft, state=full)  # an engine with its own, plain weights
         self.source.update_weights(weights, self.version)
 
     def _advance(self) -> None:
@@ -386,8 +400,11 @@ class RLTrainer:
                 if self._due(self.cfg.saver, self.last_save) or self._due(self.cfg.recover, self.last_save):
                     self._save()
                 last = metrics
-                bar.set_postfix(postfix(metrics))  # a dict, so the reward stays first
+                shown = postfix(metrics)
+                bar.set_postfix(shown)  # a dict, so the reward stays first
                 bar.update(1)
+                runlog.note(f"{self.cfg.algorithm} step {self.step}/{self.total_steps}: "
+                            + ", ".join(f"{k} {v}" for k, v in shown.items()))  # the bar's state, once per step
         finally:
             self.source.close()
             bar.close()

@@ -5,7 +5,11 @@ takes 2 groups. It writes the advantages, the summed loss and the parameter chan
 
 ``--fsdp``: micro-batches of at most 20 tokens (so the two ranks run different numbers of them) and
 gradient clipping; under ``accelerate launch --use_fsdp --fsdp_version 2`` the policy is then
-sharded with FSDP2 and the parameter change is gathered in full."""
+sharded with FSDP2 and the parameter change is gathered in full.
+
+``--lora``: LoRA adapters on the policy (attached before sharding); rank 0 also saves the adapter as a
+checkpoint does (``adapter/``: from the gathered full state dict when sharded) and writes the merged
+weights a rollout engine would receive."""
 
 import sys
 
@@ -17,6 +21,7 @@ from areal_trainer.advantage.stages import resolve_advantage
 from areal_trainer.config import load_config
 from areal_trainer.config.loss import bind_policy_loss
 from areal_trainer.dist import init_distributed
+from areal_trainer.model import lora
 from areal_trainer.model.builtin import build_model, build_tokenizer
 from areal_trainer.rollout.batch import concat_groups, make_row, stack_rows
 from areal_trainer.rollout.types import Segment
@@ -48,15 +53,18 @@ def flat_params(model) -> torch.Tensor:
                       for p in model.parameters()])
 
 
-def main(out: str, fsdp_mode: bool = False) -> None:
+def main(out: str, fsdp_mode: bool = False, lora_mode: bool = False) -> None:
     ctx, _ = init_distributed("cpu")
     assert ctx.fsdp == (fsdp_mode and ctx.enabled), "FSDP2 requested by the launcher was not detected"
     extra = ["actor.mb_spec.max_tokens_per_mb=20", "actor.optimizer.gradient_clipping=0.005"] if fsdp_mode else \
         ["actor.optimizer.gradient_clipping=0"]
+    if lora_mode:
+        extra += ["actor.use_lora=true", "actor.lora_rank=4", "actor.lora_alpha=8"]
     cfg = load_config("grpo", ["actor.use_decoupled_loss=false", "actor.recompute_logprob=false",
                                "actor.rejection_sampling=null", "actor.ppo_n_minibatches=2", *extra]).actor
     tok = build_tokenizer()
     model = build_model("builtin:tiny", tok, seed=0)
+    peft = lora.attach(model, cfg, seed=0) if lora_mode else None
     before = flat_params(model)
     if ctx.fsdp:
         fsdp.shard_model(model, fsdp.device_mesh(torch.device("cpu"), ctx.world_size))
@@ -75,11 +83,20 @@ def main(out: str, fsdp_mode: bool = False) -> None:
                                sync_grads=ctx.sync_gradients if ctx.enabled and not ctx.fsdp else None)
     loss = ctx.all_reduce(torch.tensor(metrics["update/loss"], dtype=torch.float64))
     delta = flat_params(model) - before
+    if peft is not None:
+        full = fsdp.full_state_dict(model, all_ranks=True) if fsdp.is_sharded(model) else None  # collective
+        merged = lora.merged_state_dict(peft, state=full)
+        if fsdp.is_sharded(model):
+            full = fsdp.full_state_dict(model)  # collective; on rank 0 only, as a checkpoint gathers it
+        if ctx.rank == 0:
+            lora.AdapterCheckpoint(peft, "builtin:tiny", save_base=True).save_pretrained(f"{out}/adapter", full)
+            torch.save({k: v.cpu() for k, v in merged.items()}, f"{out}/merged.pt")
     torch.save({"advantages": adv.advantages, "loss_mask": adv.loss_mask, "loss": loss, "delta": delta,
                 "rank": ctx.rank, "fsdp": fsdp.is_sharded(model), "grad_norm": metrics["update/grad_norm"],
-                "n_micro": n_micro}, f"{out}/rank{ctx.rank}.pt")
+                "n_micro": n_micro, "trainable": [n for n, p in model.named_parameters() if p.requires_grad]},
+               f"{out}/rank{ctx.rank}.pt")
     ctx.shutdown()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], fsdp_mode="--fsdp" in sys.argv[2:])
+    main(sys.argv[1], fsdp_mode="--fsdp" in sys.argv[2:], lora_mode="--lora" in sys.argv[2:])

@@ -58,6 +58,8 @@ def test_multirun_sweep_two_run_dirs(tmp_path):
     assert runs == ["0-grpo-seed1", "1-rloo-seed1"]
     for r in runs:
         assert (tmp_path / "sweep" / r / "metrics.jsonl").stat().st_size > 0
+        log = (tmp_path / "sweep" / r / "__main__.log").read_text()  # each job's run log holds its own lines
+        assert f"run directory: {tmp_path / 'sweep' / r} " in log and log.count("run directory: ") == 1
     table = (tmp_path / "sweep" / "comparison.md").read_text()
     assert "| grpo | 1 |" in table and "| rloo | 1 |" in table
     assert (tmp_path / "sweep" / "comparison.png").stat().st_size > 1000

@@ -1,10 +1,12 @@
 """FSDP2 through ``accelerate launch --use_fsdp --fsdp_version 2``: two gloo processes with the policy
 sharded compute the same loss, gradient norm and update (parameters compared in full) as one
-process on the same global batch, also when the ranks run different numbers of micro-batches; a
-two-process CLI run writes its metrics and full Hugging Face checkpoints, and resumes from them."""
+process on the same global batch, also when the ranks run different numbers of micro-batches, and so
+do LoRA adapters on the sharded policy; a two-process CLI run writes its metrics and full Hugging Face
+checkpoints (with LoRA: the adapters) and resumes from them."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -51,6 +53,39 @@ def test_fsdp_two_processes_equal_one(tmp_path):
     torch.testing.assert_close(r1["delta"], r0["delta"], atol=0, rtol=0)  # the same full weights on every rank
 
 
+def test_fsdp_lora_two_processes_equal_one(tmp_path):
+    """LoRA under FSDP2: the adapters (attached before sharding) get the single-process update, the base
+    stays frozen, and the adapter saved from the gathered full state dict equals the one-process one."""
+    from safetensors.torch import load_file
+
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    _run([sys.executable, WORKER, str(tmp_path / "one"), "--fsdp", "--lora"], ROOT)
+    _run([*LAUNCH, WORKER, str(tmp_path / "two"), "--fsdp", "--lora"], ROOT)
+    one = torch.load(tmp_path / "one" / "rank0.pt")
+    r0, r1 = (torch.load(tmp_path / "two" / f"rank{r}.pt") for r in (0, 1))
+    assert not one["fsdp"] and r0["fsdp"] and r1["fsdp"]
+    assert r0["n_micro"] != r1["n_micro"]
+    assert one["trainable"] == r0["trainable"] and all(".lora_" in n for n in one["trainable"])
+    torch.testing.assert_close(r0["loss"], one["loss"], atol=1e-6, rtol=1e-5)
+    assert abs(r0["grad_norm"] - one["grad_norm"]) <= 1e-4 * one["grad_norm"] and r0["grad_norm"] == r1["grad_norm"]
+    assert one["delta"].abs().max() > 1e-4
+    torch.testing.assert_close(r0["delta"], one["delta"], atol=3e-7, rtol=1e-4)
+    torch.testing.assert_close(r1["delta"], r0["delta"], atol=0, rtol=0)
+    adapter_one, adapter_two = (load_file(tmp_path / d / "adapter" / "adapter_model.safetensors") for d in ("one", "two"))
+    assert sorted(adapter_one) == sorted(adapter_two) and len(adapter_one) == len(one["trainable"])
+    assert any(v.abs().max() > 0 for k, v in adapter_one.items() if ".lora_B." in k)  # the update is in it
+    for k, v in adapter_one.items():
+        torch.testing.assert_close(adapter_two[k], v, atol=3e-7, rtol=1e-4)
+    base_one, base_two = (torch.load(tmp_path / d / "adapter" / "base_model.pt") for d in ("one", "two"))
+    assert sorted(base_one) == sorted(base_two)
+    assert all(torch.equal(base_two[k], v) for k, v in base_one.items())  # frozen: bit for bit
+    merged_one, merged_two = (torch.load(tmp_path / d / "merged.pt") for d in ("one", "two"))
+    assert sorted(merged_one) == sorted(base_one)  # the base model's names
+    for k, v in merged_one.items():
+        torch.testing.assert_close(merged_two[k], v, atol=1e-6, rtol=1e-5)
+
+
 def test_fsdp_cli_run_checkpoint_and_resume(tmp_path):
     from transformers import AutoModelForCausalLM
 
@@ -70,6 +105,40 @@ def test_fsdp_cli_run_checkpoint_and_resume(tmp_path):
     with open(run / "metrics.jsonl") as f:
         assert [r["step"] for r in map(json.loads, f) if "reward/task" in r] == [1, 2, 3]
     assert (run / "checkpoints" / "step_3" / "COMPLETE").exists()
+
+
+def test_fsdp_lora_cli_run_saves_adapters_and_resumes_exactly(tmp_path):
+    """PPO with LoRA on the policy and the critic, sharded: checkpoints hold the adapters (gathered), the
+    rollout copy samples with the merged weights, the KL reference is the base with the adapter off, and
+    resuming from step 1 repeats step 2 exactly (every rank's RNG state restored)."""
+    args = [*LAUNCH, "-m", "areal_trainer", "--config-name", "ppo", "+scale=tiny", "train_dataset.batch_size=4",
+            "saver.freq_steps=1", "actor.use_lora=true", "actor.lora_rank=8", "critic.use_lora=true",
+            "critic.lora_rank=8", "rollout.dtype=float32", "actor.optimizer.lr=1e-2", "actor.kl_ctl=0.01",
+            "+ref.path=${actor.path}", "actor.mb_spec.max_tokens_per_mb=64",
+            "reward.fn=tests.e2e.plugins.digit_share_reward", "trial_name=lora"]
+    _run(args, tmp_path)
+    run = tmp_path / "outputs" / "ppo" / "lora"
+
+    def records():
+        with open(run / "metrics.jsonl") as f:
+            return {r["step"]: {k: v for k, v in r.items() if not k.startswith(("time/", "perf/"))}
+                    for r in map(json.loads, f) if "reward/task" in r}
+
+    full = records()
+    assert sorted(full) == [1, 2]
+    assert full[2]["mismatch/abs_logp_diff/max"] < 1e-5  # the copy received base + B·A·scale
+    # The reference is the base with the adapter off: equal to the policy before the first update only.
+    assert abs(full[1]["advantage/kl_reward"]) < 1e-7 < 1e-6 < abs(full[2]["advantage/kl_reward"])
+    for name in ("actor", "critic"):
+        saved = run / "checkpoints" / "step_1" / name
+        assert (saved / "adapter_model.safetensors").is_file() and (saved / "base_model.pt").is_file(), name
+    assert (run / "checkpoints" / "step_1" / "critic" / "value_head.pt").is_file()
+    state = torch.load(run / "checkpoints" / "step_1" / "trainer_state.pt", weights_only=False)
+    assert state["optimizer"]["state"] and all(".lora_" in k for k in state["optimizer"]["state"])
+
+    shutil.rmtree(run / "checkpoints" / "step_2")
+    _run([*args, "recover.mode=auto"], tmp_path)
+    assert records() == full
 
 
 def test_fsdp_asynchronous_run(tmp_path):

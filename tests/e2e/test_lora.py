@@ -1,6 +1,7 @@
-"""LoRA (``actor.use_lora``) from the command line: a tiny run with the KL penalty against the
-adapter-free base has finite metrics and adapter checkpoints, and resuming from step 1 repeats step 2
-exactly."""
+"""LoRA from the command line. ``actor.use_lora``: a tiny run with the KL penalty against the adapter-free
+base has finite metrics and adapter checkpoints, and resuming from step 1 repeats step 2 exactly.
+``critic.use_lora`` (the ppo preset): the critic's checkpoint holds its adapter, value head and base, and
+resuming repeats step 2 exactly. Unknown target modules fail before the warm start."""
 
 import json
 import math
@@ -55,3 +56,41 @@ def test_unknown_target_module_fails_before_the_warm_start(tmp_path):
     assert out.returncode != 0
     assert "actor.target_modules: ['qkv_proj'] not found in 'builtin:tiny'; its Linear layers are" in out.stderr + out.stdout
     assert "SFT" not in out.stderr + out.stdout
+
+
+# The ppo preset with LoRA on the critic only (the policy trains fully).
+CRITIC_ARGS = ["--config-name", "ppo", "+scale=tiny", "saver.freq_steps=1", "critic.use_lora=true", "critic.lora_rank=8",
+               "trial_name=critic_lora"]
+
+
+def test_critic_lora_run_saves_adapter_and_head_and_resumes_exactly(tmp_path):
+    out = cli(CRITIC_ARGS, cwd=tmp_path)
+    # the actor's 94208 adapter parameters on the same backbone, and the 129 of the value head
+    assert "critic LoRA: 94337 trainable of 1257729 parameters (7.50%)" in out.stdout
+    run = tmp_path / "outputs" / "ppo" / "critic_lora"
+    full = _records(run)
+    assert sorted(full) == [1, 2]
+    for record in full.values():
+        assert all(math.isfinite(v) for v in record.values() if isinstance(v, float)), record
+    assert full[2]["critic/update/grad_norm"] > 0
+    critic = run / "checkpoints" / "step_1" / "critic"
+    assert sorted(p.name for p in critic.iterdir() if not p.name.startswith(("tokenizer", "chat_template"))) == \
+        ["README.md", "adapter_config.json", "adapter_model.safetensors", "base_model.pt", "lora_base.json",
+         "value_head.pt"]  # base_model.pt: copied from the warm-started policy
+    assert (run / "checkpoints" / "step_1" / "actor" / "model.safetensors").is_file()  # the policy: full weights
+
+    shutil.rmtree(run / "checkpoints" / "step_2")
+    out = cli([*CRITIC_ARGS, "recover.mode=auto"], cwd=tmp_path)
+    assert f"resuming from {run / 'checkpoints' / 'step_1'} (step 1 of 2)" in out.stdout
+    resumed = _records(run)
+    assert sorted(resumed) == [1, 2]
+    assert _comparable(resumed[2]) == _comparable(full[2])
+
+
+def test_unknown_critic_target_module_fails_before_the_warm_start(tmp_path):
+    out = cli(["--config-name", "ppo", "+scale=tiny", "critic.use_lora=true", "critic.target_modules=[qkv_proj]"],
+              cwd=tmp_path, check=False)
+    assert out.returncode == 1
+    assert "critic.target_modules: ['qkv_proj'] not found in 'builtin:tiny'; its Linear layers are" in out.stderr
+    assert "SFT" not in out.stderr + out.stdout
+    assert not (tmp_path / "outputs").exists()

@@ -49,6 +49,8 @@ def test_local_scheduler_from_the_command_line(tmp_path):
     assert "2 processes on this machine" in out.stdout and "held-out accuracy" in out.stdout
     logs = [os.path.join(d, f) for d, _, fs in os.walk(run / "logs") for f in fs if f == "stderr.log"]
     assert len(logs) == 2  # one per rank
+    # The run log holds rank 0's console lines once: written by rank 0, not repeated by the launcher.
+    assert (run / "__main__.log").read_text().count("held-out accuracy") == 1
 
 
 def _ranks_of(launcher_pid: int) -> dict[int, int]:

@@ -1,4 +1,5 @@
-"""Checkpoints are atomic: only directories with the completion marker count, old ones are pruned."""
+"""Checkpoints are atomic: only directories with the completion marker count, old ones are pruned; the
+RNG states of every rank that the caller gathered are what the checkpoint keeps."""
 
 import os
 
@@ -30,3 +31,16 @@ def test_rng_state_round_trip():
     a = torch.rand(3)
     ckpt.set_rng_state(state)
     assert torch.equal(a, torch.rand(3))
+
+
+def test_every_ranks_rng_state_given_by_the_caller_is_kept(tmp_path):
+    tok = build_tokenizer()
+    model = build_model("builtin:tiny", tok, seed=0)
+    ranks = [ckpt.rng_state()]
+    torch.rand(5)
+    ranks.append(ckpt.rng_state())  # a second rank's, elsewhere in its stream
+    ckpt.save_checkpoint(str(tmp_path), 1, models={"actor": model}, tokenizer=tok, state={"rng": ranks}, keep_last=1)
+    saved = ckpt.load_trainer_state(ckpt.latest_checkpoint(str(tmp_path)))["rng"]
+    assert isinstance(saved, list) and len(saved) == 2
+    assert all(torch.equal(s["torch"], r["torch"]) for s, r in zip(saved, ranks))
+    assert not torch.equal(saved[0]["torch"], saved[1]["torch"])

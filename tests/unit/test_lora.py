@@ -127,6 +127,7 @@ def test_bad_lora_settings_are_config_errors(override, message):
         load_config("grpo", ["actor.use_lora=true", override])
 
 
-def test_critic_lora_is_not_supported_yet():
-    with pytest.raises(ValueError, match=re.escape("critic.use_lora: LoRA for the critic is not supported yet")):
-        load_config("ppo", ["critic.use_lora=true"])
+def test_bad_critic_lora_settings_are_config_errors_naming_the_critic_key():
+    assert load_config("ppo", ["critic.use_lora=true"]).critic.use_lora
+    with pytest.raises(ValueError, match=re.escape("critic.lora_rank: got 0; must be >= 1.")):
+        load_config("ppo", ["critic.use_lora=true", "critic.lora_rank=0"])
