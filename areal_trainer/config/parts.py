@@ -269,6 +269,12 @@ class TrainEngineConfig(Checked):
     for Llama/Qwen models the attention and MLP projections q/k/v/o_proj, gate/up/down_proj."""
     peft_type: str = "lora"
     """The PEFT method; only ``lora``."""
+    enable_tree_training: Optional[bool] = None
+    """Shared-prefix training: rows that start with the same tokens (the answers of one prompt) are computed
+    as one prefix plus their continuations, so every training-side forward and backward pays for unique
+    tokens only. null (default) = on where the attention implementation takes the tree mask (sdpa, eager),
+    else the unshared packed forward; true = require it (an error on other attention); false = off
+    (``actor.enable_tree_training=false`` also makes HF generation prefill every sample's prompt itself)."""
 
     def check(self, key: str) -> list[str]:
         p = one_of(f"{key}.dtype", self.dtype, DTYPES)

@@ -41,6 +41,7 @@ from ..dist import init_distributed
 from ..errors import UserError
 from ..model import lora
 from ..model.load import autocast_dtype, load_causal_lm, load_tokenizer, resolve_device
+from ..model.prefix import group_prefix, resolve_tree_training
 from ..plugins import import_object
 from ..reward.runner import RewardRunner
 from ..rollout.batch import concat_groups
@@ -134,6 +135,7 @@ class RLTrainer:
         # final (under FSDP2, the sharded ones); the warm start has its own optimizer.
         self.optimizer = self.scheduler = None
         self.ref = self.critic = self.critic_optimizer = self.critic_scheduler = None
+        self.share_actor = self.share_ref = self.share_critic = False  # set with the models (_resolve_tree_training)
         self.critic_saved = None  # what a checkpoint's critic/ saves: the critic, or its LoRA adapter and head
         self.sum_fn = self.dist.sum_fn()
         self.sync_grads = self.dist.sync_gradients if self.dist.enabled and not self.dist.fsdp else None
@@ -158,6 +160,7 @@ class RLTrainer:
             print(f"critic {lora.summary(self.critic)}", flush=True)
         if cfg.actor.use_lora:
             self._attach_lora()
+        self._resolve_tree_training()
         if self.dist.fsdp:
             mesh = fsdp.device_mesh(self.device, self.dist.world_size)
             fsdp.shard_model(self.model, mesh)
@@ -168,6 +171,25 @@ class RLTrainer:
         if self.critic is not None:
             self.critic_optimizer = build_optimizer(self.critic.parameters(), cfg.critic.optimizer)
             self.critic_scheduler = build_scheduler(self.critic_optimizer, cfg.critic.optimizer, self.total_steps)
+
+    def _resolve_tree_training(self) -> None:
+        """Which models compute shared prompt prefixes once (``*.enable_tree_training``; probed on the
+        unsharded models)."""
+        cfg, lines = self.cfg, []
+
+        def resolve(backbone, requested, key) -> bool:
+            on, line = resolve_tree_training(backbone, requested, key)
+            lines.append(line)
+            return on
+
+        self.share_actor = resolve(self.model.base_model, cfg.actor.enable_tree_training, "actor.enable_tree_training")
+        self.share_ref = self.share_actor if self.ref is None else resolve(
+            self.ref.base_model, cfg.actor.enable_tree_training, "actor.enable_tree_training")
+        self.share_critic = self.critic is not None and resolve(
+            self.critic.backbone, cfg.critic.enable_tree_training, "critic.enable_tree_training")
+        for line in dict.fromkeys(line for line in lines if line):
+            if self.dist.is_main:
+                print(line, flush=True)
 
     def _attach_lora(self) -> None:
         """LoRA adapters in place on the policy: new ones, or the checkpoint's when resuming."""
@@ -308,21 +330,26 @@ class RLTrainer:
         tensors, sizes = concat_groups(batch.groups)
         data = {k: v.to(self.device) for k, v in tensors.items()}
         t1 = time.time()
+        # Shared-prefix training: the prompt groups, kept together by every micro-batch split.
+        groups = group_prefix(data["input_ids"], data["attention_mask"], sizes) \
+            if self.share_actor or self.share_ref or self.share_critic else None
 
         def recompute(d: dict) -> torch.Tensor:
             with fsdp.gathered(self.model):
                 return batched_logprobs(self.model, d, temperature=a.temperature, mb_spec=a.mb_spec,
-                                        autocast_dtype=self.autocast)
+                                        autocast_dtype=self.autocast, prefix=groups if self.share_actor else None)
 
         logps = policies.prepare(self.plan, data, recompute)
         if self.ref is not None or ref_is_base(cfg):
             with self._reference() as ref:
                 data["ref_logp"] = batched_logprobs(ref, data, temperature=a.temperature, mb_spec=a.mb_spec,
-                                                    autocast_dtype=self.autocast)
+                                                    autocast_dtype=self.autocast,
+                                                    prefix=groups if self.share_ref else None)
         if self.critic is not None:
             with fsdp.gathered(self.critic):
                 data["values"] = batched_values(self.critic, data, mb_spec=cfg.critic.mb_spec,
-                                                autocast_dtype=self.autocast)
+                                                autocast_dtype=self.autocast,
+                                                prefix=groups if self.share_critic else None)
         t2 = time.time()
         adv = compute_advantage(self.advantage_fn, data, a, sizes, all_reduce=self.sum_fn, old_logprobs=logps.old)
         # Every process must run the same number of optimizer steps.
@@ -332,11 +359,13 @@ class RLTrainer:
         upd, skipped = policy_update(self.model, self.optimizer, training_batch(data, adv, pols), loss_fn=self.loss_fn,
                                      actor_cfg=a, version=self.version, autocast_dtype=self.autocast,
                                      all_reduce=self.sum_fn, sync_grads=self.sync_grads,
-                                     n_minibatches=min(a.ppo_n_minibatches, rows))
+                                     n_minibatches=min(a.ppo_n_minibatches, rows),
+                                     prefix=groups if self.share_actor else None)
         if self.critic is not None:
             cmetrics, _ = critic_update(self.critic, self.critic_optimizer, data, adv, critic_cfg=cfg.critic,
                                         autocast_dtype=self.autocast, all_reduce=self.sum_fn,
-                                        sync_grads=self.sync_grads, n_minibatches=min(cfg.critic.ppo_n_minibatches, rows))
+                                        sync_grads=self.sync_grads, n_minibatches=min(cfg.critic.ppo_n_minibatches, rows),
+                                        prefix=groups if self.share_critic else None)
             metrics.update(cmetrics)
         metrics.update(policies.policy_metrics(logps, adv.loss_mask, self.version,
                                                cfg.rollout.max_head_offpolicyness))
