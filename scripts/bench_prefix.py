@@ -5,7 +5,7 @@
 
 Three workloads of 8 prompts x 8 answers (G = 8):
 
-* ``arith``: the built-in task's prompts (about 27 tokens) with 16-token answers;
+* ``arith``: the built-in task's prompts as the trainer builds them (about 27 tokens) with 16-token answers;
 * ``long``: 128-token prompts with 16-token answers (GSM8K-length prompts, short answers);
 * ``multiturn``: a 48-token system prompt shared by every row, a 32-token first user turn per
   group, then per row a 16-token answer, a 24-token environment reply and a 16-token answer.
@@ -41,8 +41,6 @@ def workload_batch(name: str, tok, vocab: int):
     """``(input_ids, attention_mask, loss_mask)`` ``[B, S]`` of a workload, right-padded."""
     import torch
 
-    from areal_trainer.data import arith
-
     g = torch.Generator().manual_seed(0)
 
     def rand(n):
@@ -50,8 +48,13 @@ def workload_batch(name: str, tok, vocab: int):
 
     rows, masks = [], []
     if name == "arith":
-        for p in arith.generate("train", PROMPTS):
-            prompt = tok.encode(p["question"])
+        from areal_trainer.config import load_config
+        from areal_trainer.data.datasets import build_samples
+        from areal_trainer.rollout.workflow import prompt_ids
+
+        dataset = load_config("grpo", ["train_dataset.max_rows=64"]).train_dataset
+        for sample in build_samples(dataset, tok, "train_dataset")[:PROMPTS]:  # the trainer's prompts
+            prompt = prompt_ids(tok, sample["messages"])
             for _ in range(G):
                 rows.append(prompt + rand(ANSWER))
                 masks.append([0] * len(prompt) + [1] * ANSWER)
