@@ -34,7 +34,7 @@ IGNORED = {
 
 REF_READ = ("path", "dtype", "optimizer")
 """The only keys of the ``ref`` section the reference policy reads (``optimizer``: it is frozen either
-way); its forwards use the actor's temperature and micro-batching."""
+way); its forwards use the actor's temperature, micro-batching and actor.enable_tree_training."""
 
 
 def _default(cls):
