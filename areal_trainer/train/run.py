@@ -110,6 +110,9 @@ class RLTrainer:
             self.lora_base_changed = lora.load_base_weights(self.model, self.adapter_dir, cfg.actor.path)
         elif cfg.actor.use_lora:
             lora.lora_config(cfg.actor, self.model)  # bad target modules fail now, not after the warm start
+        for section, name in ((cfg.actor, "actor"), (cfg.critic, "critic")):  # likewise an impossible =true
+            if section is not None and section.enable_tree_training and section.path == cfg.actor.path:
+                resolve_tree_training(self.model.base_model, True, f"{name}.enable_tree_training")
         if not self.resume_from:
             check_critic_lora(cfg, self.model, self.tokenizer)
         if cfg.actor.gradient_checkpointing:
