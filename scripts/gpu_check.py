@@ -7,6 +7,7 @@ shared-prefix training off (``--no-unshared`` skips it): ``shared_vs_unshared`` 
 (> 1: sharing faster) and each setting its real and computed update tokens.
 
     python scripts/gpu_check.py --shape qwen2.5-1.5b --steps 4 --out gpu_check.json
+    python scripts/gpu_check.py --shape qwen2.5-1.5b --steps 4 --lora --out gpu_check_lora.json
     python scripts/gpu_check.py --shape tiny --steps 2 --out /tmp/check.json     # CPU smoke of this script
 
 MFU = 6 * parameters * trained tokens / update time / peak dense bf16 FLOP/s (attention FLOPs
@@ -85,6 +86,7 @@ def run_setting(args, eta: int, model_dir: str, n_params: int, tmp: str, shared:
         "saver.freq_steps=null", "stats_logger.plot=false", "stats_logger.progress_bar=false",
         "actor.gradient_checkpointing=true", "actor.optimizer.lr=1e-6", f"cluster.fileroot={tmp}",
         f"rollout.max_head_offpolicyness={eta}", *([] if shared else ["actor.enable_tree_training=false"]),
+        *(["actor.use_lora=true", "actor.optimizer.lr=1e-5"] if args.lora else []),
     ])
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -121,6 +123,7 @@ def main() -> int:
     ap.add_argument("--etas", default="0,2", help="max_head_offpolicyness settings to run; 0 is synchronous")
     ap.add_argument("--unshared", action=argparse.BooleanOptionalAction, default=True,
                     help="also run the synchronous setting with shared-prefix training off, and compare")
+    ap.add_argument("--lora", action="store_true", help="train LoRA adapters (actor.use_lora=true) in every setting")
     ap.add_argument("--out", default="gpu_check.json")
     args = ap.parse_args()
     os.environ.setdefault("WANDB_MODE", "disabled")
@@ -132,7 +135,7 @@ def main() -> int:
         unshared = run_setting(args, 0, model_dir, n_params, tmp, shared=False) if args.unshared else None
     first = next(iter(runs.values()))
     result = {"date": time.strftime("%Y-%m-%d"), "device": first["device"], "shape": args.shape, "parameters": n_params,
-              "prompts": args.prompts, "samples": args.samples, "max_new_tokens": args.max_new_tokens,
+              "lora": args.lora, "prompts": args.prompts, "samples": args.samples, "max_new_tokens": args.max_new_tokens,
               **{k: v for k, v in first.items() if k != "device"},  # the first setting (synchronous by default)
               "settings": runs, "wall_s": time.time() - t0}
     if unshared is not None:  # the synchronous setting with every row computed in full

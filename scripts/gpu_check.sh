@@ -2,7 +2,8 @@
 # One-command GPU check (about 5 minutes on one GPU, no network): GRPO steps of a Qwen2.5-1.5B-shaped
 # model with random weights through the real trainer, synchronous and asynchronous (eta = 2; set
 # GPU_CHECK_ETAS); writes gpu_check.json (tokens/s, step time, peak memory, update MFU per setting,
-# async/sync steps-per-second ratio) and exits non-zero on any error.
+# async/sync steps-per-second ratio, shared vs unshared prefixes) and exits non-zero on any error;
+# GPU_CHECK_LORA=1 trains LoRA adapters instead of the whole model.
 #
 # The GPU machine has torch and transformers but not hydra-core/omegaconf/antlr4: put their wheels
 # in .gpu_wheels/ (bash scripts/gpu_check.sh --fetch-wheels, on a machine with network) and carry it.
@@ -23,4 +24,4 @@ export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 WANDB_MODE=disabled PYTHONPATH="$P
 SHAPE=${GPU_CHECK_SHAPE:-qwen2.5-1.5b}
 STEPS=${GPU_CHECK_STEPS:-4}
 timeout "${GPU_CHECK_TIMEOUT:-540}" "$PY" scripts/gpu_check.py --shape "$SHAPE" --steps "$STEPS" \
-  --etas "${GPU_CHECK_ETAS:-0,2}" --out "${GPU_CHECK_OUT:-gpu_check.json}"
+  --etas "${GPU_CHECK_ETAS:-0,2}" --out "${GPU_CHECK_OUT:-gpu_check.json}" ${GPU_CHECK_LORA:+--lora}

@@ -23,3 +23,14 @@ def test_gpu_check_script_cpu_smoke(tmp_path):
     assert unshared["update_tokens_computed"] == unshared["update_tokens"]  # every row in full
     assert shared["update_tokens_computed"] < shared["update_tokens"]  # a prompt's samples share it
     assert report["shared_vs_unshared"]["update_time_s"] > 0
+
+
+def test_gpu_check_script_with_lora_cpu_smoke(tmp_path):
+    out = tmp_path / "check.json"
+    proc = subprocess.run([sys.executable, "scripts/gpu_check.py", "--shape", "tiny", "--steps", "2", "--prompts", "2",
+                           "--samples", "2", "--max-new-tokens", "8", "--etas", "0", "--no-unshared", "--lora",
+                           "--out", str(out)], cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["lora"] is True and report["steps"] == 2 and report["update_time_s"] > 0
+    assert "LoRA" in proc.stdout and "unshared_sync" not in report
