@@ -259,22 +259,33 @@ def supports_packing(backbone: torch.nn.Module) -> bool:
 
 def _probe(backbone: torch.nn.Module) -> bool:
     """Two short sequences packed into one row must match their separate forwards."""
+    return agrees_with_row_by_row(backbone, [3, 2], lambda ids, am: packed_apply(
+        backbone_fn(backbone), ids, am, max_pack_tokens=None, varlen=is_varlen(backbone)))
+
+
+def agrees_with_row_by_row(backbone: torch.nn.Module, lengths: Sequence[int], forward: Callable,
+                           shared_prefix: int = 0) -> bool:
+    """Whether ``forward(ids, attention_mask) -> [N, H]`` on random rows of ``lengths`` (the first
+    ``shared_prefix`` tokens the same in the first two) equals each row's own forward (eval mode, no
+    grad, no autocast; relative 1e-3 in float32, 5e-2 otherwise). Any exception counts as no."""
     try:
         param = next(backbone.parameters())
-        vocab = int(getattr(backbone.config, "vocab_size", 2) or 2)
-        ids = torch.randint(0, vocab, (2, 3), generator=torch.Generator().manual_seed(0)).to(param.device)
-        am = torch.tensor([[1, 1, 1], [1, 1, 0]], device=param.device)
+        vocab = int(getattr(backbone.config, "vocab_size", 4) or 4)
+        ids = torch.randint(0, vocab, (len(lengths), max(lengths)), generator=torch.Generator().manual_seed(0))
+        ids[1, :shared_prefix] = ids[0, :shared_prefix]
+        ids = ids.to(param.device)
+        am = (torch.arange(max(lengths))[None] < torch.tensor(list(lengths))[:, None]).long().to(param.device)
         was_training = backbone.training
         backbone.eval()
         try:
             with torch.no_grad(), torch.autocast(param.device.type, enabled=False):
-                packed = packed_apply(backbone_fn(backbone), ids, am, max_pack_tokens=None, varlen=is_varlen(backbone))
-                single = torch.cat([backbone(input_ids=ids[i:i + 1, :n], use_cache=False).last_hidden_state[0]
-                                    for i, n in enumerate((3, 2))])
+                got = forward(ids, am)
+                want = torch.cat([backbone(input_ids=ids[i:i + 1, :n], use_cache=False).last_hidden_state[0]
+                                  for i, n in enumerate(lengths)])
         finally:
             backbone.train(was_training)
-    except Exception:  # any architecture that cannot take packed position_ids falls back
+    except Exception:  # any architecture that cannot take the packed/tree inputs falls back
         return False
     tol = 1e-3 if param.dtype == torch.float32 else 5e-2
-    scale = single.float().abs().max().clamp(min=1.0)
-    return packed.shape == single.shape and bool((packed.float() - single.float()).abs().max() / scale <= tol)
+    scale = want.float().abs().max().clamp(min=1.0)
+    return got.shape == want.shape and bool((got.float() - want.float()).abs().max() / scale <= tol)

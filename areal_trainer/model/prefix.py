@@ -34,7 +34,13 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import UserError
-from .packing import DEFAULT_MAX_PACK_TOKENS, attn_implementation, pack_layout, row_lengths
+from .packing import (
+    DEFAULT_MAX_PACK_TOKENS,
+    agrees_with_row_by_row,
+    attn_implementation,
+    pack_layout,
+    row_lengths,
+)
 
 TREE_IMPLS = ("sdpa", "eager")
 TREE_WIDTH_FACTOR = 4
@@ -213,29 +219,11 @@ def supports_tree(backbone: torch.nn.Module) -> bool:
 
 def _probe(backbone: torch.nn.Module) -> bool:
     """Three rows, two sharing a prefix, as a tree must match their one-at-a-time forwards."""
-    try:
-        param = next(backbone.parameters())
-        vocab = int(getattr(backbone.config, "vocab_size", 4) or 4)
-        g = torch.Generator().manual_seed(0)
-        ids = torch.randint(0, vocab, (3, 5), generator=g)
-        ids[1, :3] = ids[0, :3]
-        ids = ids.to(param.device)
-        am = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0], [1, 1, 0, 0, 0]], device=param.device)
-        was_training = backbone.training
-        backbone.eval()
-        try:
-            with torch.no_grad(), torch.autocast(param.device.type, enabled=False):
-                tree = prefix_tree(ids, am)
-                shared = tree_hidden(backbone, tree)[tree.slot]
-                single = torch.cat([backbone(input_ids=ids[i:i + 1, :n], use_cache=False).last_hidden_state[0]
-                                    for i, n in enumerate((5, 4, 2))])
-        finally:
-            backbone.train(was_training)
-    except Exception:  # any architecture that cannot take the mask falls back
-        return False
-    tol = 1e-3 if param.dtype == torch.float32 else 5e-2
-    scale = single.float().abs().max().clamp(min=1.0)
-    return shared.shape == single.shape and bool((shared.float() - single.float()).abs().max() / scale <= tol)
+    def forward(ids, am):
+        tree = prefix_tree(ids, am)
+        return tree_hidden(backbone, tree)[tree.slot]
+
+    return agrees_with_row_by_row(backbone, [5, 4, 2], forward, shared_prefix=3)
 
 
 # ----------------------------------------------------------------------------- batching
