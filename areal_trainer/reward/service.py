@@ -1,0 +1,289 @@
+"""Per-sample rewards from one or more reward sources, with weights, failure handling and counters.
+
+A *source* scores a whole batch: :class:`FunctionReward` (a user function run in a
+:class:`~areal_trainer.reward.pool.WorkerPool`) or :class:`~areal_trainer.reward.remote.RemoteReward`
+(a scoring service). The sources of one batch run concurrently. A sample's reward is the weighted
+sum of its sources' values:
+
+* ``None`` ("not applicable", as in TRL) is left out of the sum and counted (``reward/none``); a
+  sample no source applies to gets 0.0 (``reward/all_none``);
+* a call that raised, returned NaN/inf, or whose worker died scores ``error_value``, one that ran
+  out of time ``timeout_value`` (counted in ``reward/errors``, ``reward/nonfinite``,
+  ``reward/worker_deaths``, ``reward/timeouts``): one bad sample never stops training;
+* but when more than ``max_error_fraction`` of one batch failed for a source (timeouts aside: they
+  depend on the machine's load more than on the function), the function is broken for this data and
+  the run stops with :class:`~areal_trainer.errors.UserError`, naming it and showing one example.
+
+Besides the counters, ``reward/<name>`` is each source's mean over the samples it gave a number for.
+:meth:`RewardScores.stats` gives all of them for a slice of the batch (one prompt group).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import numbers
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Protocol
+
+from ..errors import UserError
+from .functions import RewardFunction, RewardSample
+from .pool import CallOutcome, WorkerPool, run_sync
+
+STATUSES = ("ok", "none", "error", "timeout", "died", "nonfinite")
+COUNTERS = ("errors", "timeouts", "worker_deaths", "nonfinite", "none", "all_none")
+_COUNTER_OF = {"error": "errors", "timeout": "timeouts", "died": "worker_deaths", "nonfinite": "nonfinite",
+               "none": "none"}
+_FAILURES = ("error", "died", "nonfinite")
+"""Statuses that count towards ``max_error_fraction``."""
+
+
+class SourceResult(NamedTuple):
+    """One source's scores for a batch: per sample a value (a float when ``ok``), a status, a detail."""
+
+    values: list[float | None]
+    status: list[str]
+    details: list[str]
+
+    @classmethod
+    def from_values(cls, values: Sequence[Any], label: str) -> SourceResult:
+        """Classify plain results (numbers or None); anything else is a :class:`UserError`."""
+        out = cls([], [], [])
+        for v in values:
+            if v is not None and not isinstance(v, numbers.Real):
+                raise UserError(f"reward source {label} gave {v!r:.200} ({type(v).__name__}); a reward must be a "
+                                "number or None.")
+            x = None if v is None else float(v)
+            status = "none" if x is None else "ok" if math.isfinite(x) else "nonfinite"
+            out.values.append(x if status == "ok" else None)
+            out.status.append(status)
+            out.details.append(f"returned {x!r}" if status == "nonfinite" else "")
+        return out
+
+
+class RewardSource(Protocol):
+    name: str
+    """Metric name: ``reward/<name>``."""
+
+    async def score(self, samples: list[RewardSample]) -> SourceResult | list[float | None]: ...
+
+
+class FunctionReward:
+    """A bound :class:`RewardFunction` run in a :class:`WorkerPool`: per sample one call; a batched
+    function once per chunk (``chunks``, default one per worker, so the workers share the batch)."""
+
+    def __init__(self, fn: RewardFunction, *, workers: int = 1, timeout: float | None = 30.0,
+                 chunks: int | None = None, pool: WorkerPool | None = None):
+        self.fn, self.name, self.label = fn, fn.name, fn.path
+        self.pool = pool if pool is not None else WorkerPool(workers, timeout=timeout, name=f"areal-reward-{fn.name}")
+        self._owns_pool = pool is None
+        self.chunks = max(1, chunks or self.pool.workers)
+
+    async def score(self, samples: list[RewardSample]) -> SourceResult:
+        if self.fn.style == "sample":
+            outcomes = await self.pool.amap(self.fn.path, [self.fn.sample_call(s) for s in samples])
+            return _collect(self._checked(o) for o in outcomes)
+        parts = _split(samples, self.chunks)
+        outcomes = await self.pool.amap(self.fn.path, [self.fn.batch_call(p) for p in parts])
+        rows = []
+        for part, outcome in zip(parts, outcomes):
+            if outcome.status == "ok":
+                checked = self.fn.check_batch(outcome.value, len(part))
+                rows += [_row(status, value) for status, value in checked]
+            else:
+                rows += [(outcome.status, None, outcome.detail)] * len(part)
+        return _collect(rows)
+
+    def _checked(self, outcome: CallOutcome) -> tuple[str, float | None, str]:
+        if outcome.status != "ok":
+            return outcome.status, None, outcome.detail
+        return _row(*self.fn.check(outcome.value))
+
+    def close(self) -> None:
+        if self._owns_pool:
+            self.pool.close()
+
+
+def _row(status: str, value: float | None) -> tuple[str, float | None, str]:
+    if status == "nonfinite":
+        return status, None, f"returned {value!r}"
+    return status, value, ""
+
+
+def _collect(rows) -> SourceResult:
+    out = SourceResult([], [], [])
+    for status, value, detail in rows:
+        out.status.append(status)
+        out.values.append(value)
+        out.details.append(detail)
+    return out
+
+
+def _split(items: list, parts: int) -> list[list]:
+    """``items`` in at most ``parts`` contiguous slices of near-equal length (none empty)."""
+    parts = min(parts, len(items)) or 1
+    size, extra = divmod(len(items), parts)
+    out, start = [], 0
+    for k in range(parts):
+        end = start + size + (1 if k < extra else 0)
+        out.append(items[start:end])
+        start = end
+    return out
+
+
+@dataclass
+class RewardScores:
+    """A batch's rewards, with per-sample counters (how many sources failed in each way on each
+    sample) and each source's value per sample (None where it gave no number)."""
+
+    rewards: list[float]
+    errors: list[int]
+    timeouts: list[int]
+    worker_deaths: list[int]
+    nonfinite: list[int]
+    none: list[int]
+    all_none: list[int]
+    values: dict[str, list[float | None]] = field(default_factory=dict)
+
+    @classmethod
+    def empty(cls, n: int, names: Sequence[str]) -> RewardScores:
+        return cls([0.0] * n, *([0] * n for _ in COUNTERS), values={name: [None] * n for name in names})
+
+    def stats(self, lo: int = 0, hi: int | None = None) -> dict[str, float]:
+        """Counters summed over samples ``lo:hi`` (``reward/errors``...), and ``reward/<name>``, each
+        source's mean over those of them it gave a number for (absent when none)."""
+        out = {f"reward/{c}": float(sum(getattr(self, c)[lo:hi])) for c in COUNTERS}
+        for name, values in self.values.items():
+            numbers_ = [v for v in values[lo:hi] if v is not None]
+            if numbers_:
+                out[f"reward/{name}"] = sum(numbers_) / len(numbers_)
+        return out
+
+    def metrics(self) -> dict[str, float]:
+        """:meth:`stats` of the whole batch."""
+        return self.stats()
+
+
+class RewardService:
+    """Combine reward sources into per-sample rewards (see the module docs)."""
+
+    def __init__(self, sources: list, *, weights: list[float] | None = None, error_value: float = 0.0,
+                 timeout_value: float = 0.0, max_error_fraction: float = 0.5):
+        if not sources:
+            raise ValueError("RewardService needs at least one reward source")
+        if weights is not None and len(weights) != len(sources):
+            raise ValueError(f"{len(weights)} weights for {len(sources)} reward sources; give one weight per source")
+        if not 0.0 <= max_error_fraction <= 1.0:
+            raise ValueError(f"max_error_fraction must be in [0, 1], got {max_error_fraction!r}")
+        self.sources = list(sources)
+        self.weights = [1.0] * len(sources) if weights is None else [float(w) for w in weights]
+        self.error_value, self.timeout_value = float(error_value), float(timeout_value)
+        self.max_error_fraction = float(max_error_fraction)
+        self.names = _unique_names([s.name for s in self.sources])
+
+    def score(self, samples: Sequence[RewardSample]) -> RewardScores:
+        """:meth:`ascore` from synchronous code (also from a thread that runs an event loop)."""
+        return run_sync(lambda: self.ascore(samples))
+
+    async def ascore(self, samples: Sequence[RewardSample]) -> RewardScores:
+        samples = list(samples)
+        scores = RewardScores.empty(len(samples), self.names)
+        if not samples:
+            return scores
+        results = await self._gather(samples)
+        for source, result in zip(self.sources, results):
+            self._check_failures(source, result, samples)
+        for name, weight, result in zip(self.names, self.weights, results):
+            self._add(scores, name, weight, result)
+        for i, none in enumerate(scores.none):
+            if none == len(self.sources):  # no source applies to this sample
+                scores.all_none[i], scores.rewards[i] = 1, 0.0
+        return scores
+
+    async def _gather(self, samples: list[RewardSample]) -> list[SourceResult]:
+        tasks = [asyncio.ensure_future(s.score(samples)) for s in self.sources]
+        try:
+            raw = await asyncio.gather(*tasks)
+        except BaseException:
+            for t in tasks:  # one source failed the run: stop the others rather than let them run on
+                t.cancel()
+            raise
+        return [self._normalize(s, r, len(samples)) for s, r in zip(self.sources, raw)]
+
+    @staticmethod
+    def _normalize(source, result, n: int) -> SourceResult:
+        label = getattr(source, "label", source.name)
+        if not isinstance(result, SourceResult):
+            if not isinstance(result, (list, tuple)):
+                raise UserError(f"reward source {label} returned a {type(result).__name__}; expected a list of "
+                                "rewards (numbers or None), one per sample.")
+            result = SourceResult.from_values(result, label)
+        if not len(result.values) == len(result.status) == len(result.details) == n:
+            raise UserError(f"reward source {label} gave {len(result.status)} results for {n} samples; it must "
+                            "give one per sample, in order.")
+        unknown = set(result.status) - set(STATUSES)
+        if unknown:
+            raise ValueError(f"reward source {label} reported the unknown status(es) {sorted(unknown)}")
+        return result
+
+    def _check_failures(self, source, result: SourceResult, samples: list[RewardSample]) -> None:
+        failed = [i for i, st in enumerate(result.status) if st in _FAILURES]
+        if len(failed) <= self.max_error_fraction * len(samples):
+            return
+        counts = {st: result.status.count(st) for st in _FAILURES}
+        i = failed[0]
+        label = getattr(source, "label", source.name)
+        raise UserError(
+            f"reward source {label} failed on {len(failed)} of {len(samples)} samples of one batch (more than "
+            f"max_error_fraction={self.max_error_fraction}): {counts['error']} raised, {counts['died']} killed "
+            f"their worker process, {counts['nonfinite']} returned NaN or infinity. Example: "
+            f"completion={_excerpt(samples[i].completion)!r}, answer={_excerpt(samples[i].answer, 100)!r} -> "
+            f"{result.details[i]}. Fix the function (workers=0 runs it in the trainer, for a debugger), or raise "
+            "max_error_fraction.")
+
+    def _add(self, scores: RewardScores, name: str, weight: float, result: SourceResult) -> None:
+        scored = scores.values[name]
+        for i, (status, value) in enumerate(zip(result.status, result.values)):
+            if status == "ok":
+                scores.rewards[i] += weight * value
+                scored[i] = value
+            elif status == "timeout":
+                scores.rewards[i] += weight * self.timeout_value
+            elif status != "none":
+                scores.rewards[i] += weight * self.error_value
+            if status != "ok":
+                getattr(scores, _COUNTER_OF[status])[i] += 1
+
+    def close(self) -> None:
+        """Stop every source's workers (sources without ``close`` are left alone)."""
+        for source in self.sources:
+            close = getattr(source, "close", None)
+            if close is not None:
+                close()
+
+    def __enter__(self) -> RewardService:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _unique_names(names: list[str]) -> list[str]:
+    """Source names as metric names: a name taken by a counter or an earlier source gets ``_2``, ``_3``..."""
+    taken, out = set(COUNTERS), []
+    for name in names:
+        unique, k = name, 1
+        while unique in taken:
+            k += 1
+            unique = f"{name}_{k}"
+        taken.add(unique)
+        out.append(unique)
+    return out
+
+
+def _excerpt(value: Any, limit: int = 200) -> Any:
+    """The text of a completion (chat messages: their contents), cut to ``limit`` characters."""
+    if isinstance(value, list) and all(isinstance(m, dict) for m in value):
+        value = "\n".join(str(m.get("content", "")) for m in value)
+    return value[:limit] if isinstance(value, str) else value

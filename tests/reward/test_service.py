@@ -1,0 +1,164 @@
+"""RewardService: weighted sums of sources, None left out, every kind of failure scored and counted
+without stopping the batch, and a clear stop when a source fails on too much of a batch."""
+
+import asyncio
+import os
+import time
+
+import pytest
+
+from areal_trainer.errors import UserError
+from areal_trainer.reward.functions import RewardFunction, RewardSample
+from areal_trainer.reward.service import FunctionReward, RewardService, SourceResult
+
+P = "tests.reward.plugins."
+
+
+def source(name, workers=0, timeout=5.0, **kwargs):
+    fn = RewardFunction.bind(P + name, kwargs=kwargs, key="reward.fn")
+    return FunctionReward(fn, workers=workers, timeout=timeout)
+
+
+class Fixed:
+    """A source with given values (a plain list, as RemoteReward returns), after ``delay`` seconds."""
+
+    def __init__(self, name, values, delay=0.0):
+        self.name, self.values, self.delay = name, values, delay
+
+    async def score(self, samples):
+        await asyncio.sleep(self.delay)
+        return list(self.values)
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+ROWS = [RewardSample("q", "4", "4", {"tolerance": 0.5}),
+        RewardSample("q", "4.3", "4", {"tolerance": 0.5}),
+        RewardSample("q", "5", "4", {"tolerance": 0.1})]
+
+
+def test_weighted_sum_with_none_left_out():
+    judge = Fixed("judge", [1.0, None, None])
+    with RewardService([source("exact"), source("close_enough"), judge], weights=[0.5, 2.0, -4.0]) as service:
+        scores = service.score(ROWS)
+    # exact: 1, 0, 0; close_enough: 1, 1, 0; judge: 1, None, None
+    assert scores.rewards == [0.5 * 1 + 2.0 * 1 - 4.0 * 1, 2.0 * 1, 0.0]
+    assert scores.none == [0, 1, 1] and scores.all_none == [0, 0, 0]
+    m = scores.metrics()
+    assert m["reward/exact"] == pytest.approx(1 / 3) and m["reward/close_enough"] == pytest.approx(2 / 3)
+    assert m["reward/judge"] == 1.0 and m["reward/none"] == 2.0 and m["reward/errors"] == 0.0
+    assert scores.stats(1, 3) == {"reward/errors": 0.0, "reward/timeouts": 0.0, "reward/worker_deaths": 0.0,
+                                  "reward/nonfinite": 0.0, "reward/none": 2.0, "reward/all_none": 0.0,
+                                  "reward/exact": 0.0, "reward/close_enough": 0.5}
+
+
+def test_a_sample_no_source_applies_to_gets_zero():
+    service = RewardService([Fixed("a", [None, 2.0]), Fixed("b", [None, None])], weights=[3.0, 1.0])
+    scores = service.score(ROWS[:2])
+    assert scores.rewards == [0.0, 6.0] and scores.all_none == [1, 0] and scores.none == [2, 1]
+    assert "reward/b" not in scores.metrics()  # no number from it: no mean
+
+
+def test_trl_batched_and_per_sample_functions_in_worker_processes():
+    rows = [RewardSample([{"role": "user", "content": "2+2?"}], [{"role": "assistant", "content": "4"}], "4",
+                         {"solution": "4", "tolerance": 0.0}),
+            RewardSample([{"role": "user", "content": "2+3?"}], [{"role": "assistant", "content": " 6 "}], "5",
+                         {"solution": "5", "tolerance": 1.0})]
+    accuracy = source("accuracy", workers=2)
+    close = FunctionReward(RewardFunction.bind(P + "close_enough", kwargs={}, key="reward.fn"), workers=1, timeout=5.0)
+    assert accuracy.fn.style == "batched" and close.fn.style == "sample"
+    with RewardService([accuracy, Fixed("judge", [0.25, 0.5])]) as service:
+        scores = service.score(rows)
+    assert scores.rewards == [1.25, 0.5] and scores.values["accuracy"] == [1.0, 0.0]
+    plain = [RewardSample("q", "4", "4", {"tolerance": 0.0}), RewardSample("q", "6", "5", {"tolerance": 1.0}),
+             RewardSample("q", "7", "5", {"tolerance": 1.0})]
+    with RewardService([close]) as service:
+        assert service.score(plain).rewards == [1.0, 1.0, 0.0]
+
+
+def test_every_kind_of_bad_behaviour_is_scored_and_counted():
+    fn = source("by_completion", workers=2, timeout=1.0)
+    completions = ["ok:0.5", "hang", "raise", "nan", "none", "exit", "ok:0.25", "ok:1"]
+    samples = [RewardSample("q", c) for c in completions] + [RewardSample("q", "pid")] * 2
+    service = RewardService([fn], error_value=-1.0, timeout_value=-2.0, max_error_fraction=0.9)
+    t0 = time.monotonic()
+    scores = service.score(samples)
+    assert time.monotonic() - t0 < 8.0
+    assert scores.rewards[:8] == [0.5, -2.0, -1.0, -1.0, 0.0, -1.0, 0.25, 1.0]
+    m = scores.metrics()
+    assert {k: m[k] for k in ("reward/errors", "reward/timeouts", "reward/worker_deaths", "reward/nonfinite",
+                              "reward/none", "reward/all_none")} == {
+        "reward/errors": 1.0, "reward/timeouts": 1.0, "reward/worker_deaths": 1.0, "reward/nonfinite": 1.0,
+        "reward/none": 1.0, "reward/all_none": 1.0}
+    assert scores.stats(0, 2) == {**{f"reward/{c}": 0.0 for c in ("errors", "worker_deaths", "nonfinite", "none",
+                                                                  "all_none")},
+                                  "reward/timeouts": 1.0, "reward/by_completion": 0.5}
+    pids = {int(v) for v in scores.values["by_completion"][8:]} | set(fn.pool.pids)
+    assert fn.pool.restarts == 2  # the hung worker was killed, the exited one replaced
+    service.close()
+    time.sleep(0.1)
+    assert fn.pool.pids == [] and not [p for p in pids if alive(p)]
+
+
+def test_too_many_failures_in_one_batch_stop_the_run_with_an_example():
+    samples = [RewardSample("q", c, "a") for c in ("ok", "raise", "nan", "raise")]
+    service = RewardService([source("by_completion")], max_error_fraction=0.5)
+    with pytest.raises(UserError, match=r"^reward source tests.reward.plugins.by_completion failed on 3 of 4 samples "
+                                        r"of one batch \(more than max_error_fraction=0.5\): 2 raised, 0 killed their "
+                                        r"worker process, 1 returned NaN or infinity. Example: completion='raise', "
+                                        r"answer='a' -> ValueError: cannot parse the completion"):
+        service.score(samples)
+    assert service.score(samples[:2]).errors == [0, 1]  # half the batch is not more than half
+
+
+def test_timeouts_do_not_count_towards_the_stop():
+    class TimesOut:
+        name = "slow"
+
+        async def score(self, samples):
+            return SourceResult([None] * len(samples), ["timeout"] * len(samples), ["killed"] * len(samples))
+
+    scores = RewardService([TimesOut()], timeout_value=-0.5, max_error_fraction=0.0).score(ROWS)
+    assert scores.rewards == [-0.5] * 3 and scores.timeouts == [1] * 3
+
+
+def test_contract_violations_stop_the_run():
+    with pytest.raises(UserError, match=r"reward function tests.reward.plugins.says_text returned '1.0' \(str\)"):
+        RewardService([source("says_text")]).score(ROWS)
+    with pytest.raises(UserError, match=r"tests.reward.plugins.wrong_length returned 1 values for 3 completions"):
+        RewardService([source("wrong_length")]).score(ROWS)
+    with pytest.raises(UserError, match=r"reward source bad gave 2 results for 3 samples"):
+        RewardService([Fixed("bad", [1.0, 2.0])]).score(ROWS)
+
+
+def test_sources_run_concurrently_and_score_works_inside_an_event_loop():
+    service = RewardService([Fixed("a", [1.0] * 3, delay=0.4), Fixed("b", [1.0] * 3, delay=0.4)])
+
+    async def main():
+        t0 = time.monotonic()
+        scores = service.score(ROWS)  # synchronous facade called from a coroutine
+        return scores, time.monotonic() - t0
+
+    scores, elapsed = asyncio.run(main())
+    assert scores.rewards == [2.0] * 3 and elapsed < 0.75
+
+
+def test_duplicate_source_names_get_distinct_metrics():
+    service = RewardService([Fixed("judge", [1.0]), Fixed("judge", [3.0]), Fixed("errors", [5.0])])
+    assert service.names == ["judge", "judge_2", "errors_2"]
+    m = service.score(ROWS[:1]).metrics()
+    assert (m["reward/judge"], m["reward/judge_2"], m["reward/errors_2"], m["reward/errors"]) == (1.0, 3.0, 5.0, 0.0)
+
+
+def test_async_functions_of_both_forms_in_workers_and_in_process():
+    rows = [RewardSample("q", "4", "4"), RewardSample("q", "5", "4")]
+    for workers in (0, 1):
+        with RewardService([source("async_exact", workers=workers), source("async_batched", workers=workers)],
+                           weights=[1.0, 0.5]) as service:
+            assert service.score(rows).rewards == [1.5, 0.5]
