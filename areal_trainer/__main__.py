@@ -29,16 +29,19 @@ def _task(cfg) -> float | None:
 def _job(cfg, log) -> float | None:
     from hydra.core.hydra_config import HydraConfig
 
-    from .config import ConfigError, to_trainer_config
+    from .components import build
+    from .config import ConfigError
+    from .config.loader import convert
     from .tracking import runlog
     from .tracking.rundir import remove_if_unused
 
     run_dir = HydraConfig.get().runtime.output_dir
     try:
-        tcfg = to_trainer_config(cfg)
+        components = build(convert(cfg))
     except ConfigError as e:
         remove_if_unused(run_dir)
         _fail(str(e))  # the run log never opens: nothing is written into the run directory
+    tcfg = components.config
     # The config's warnings, held so far, go to the file now. With scheduler.type the processes it
     # starts write it (their rank 0), not this launcher.
     log.start(runlog.job_log_path() if tcfg.scheduler.type is None and runlog.writes_run_log() else None)
@@ -56,7 +59,7 @@ def _job(cfg, log) -> float | None:
 
             launch(tcfg, run_dir)
             return None
-        summary = run(tcfg, run_dir=run_dir)
+        summary = run(components, run_dir=run_dir)
     except (UserError, PluginError, ConfigError) as e:
         remove_if_unused(run_dir)  # only while it holds nothing but Hydra's files (failed before training)
         print(f"Error: {e}", file=sys.stderr)
@@ -88,7 +91,7 @@ def main() -> None:
         sys.exit(code)
     import hydra
 
-    from .config.loader import override_problems
+    from .components import override_problems
     from .config.overrides import config_name_of, normalize_overrides
     from .config.store import register_configs
 

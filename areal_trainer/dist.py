@@ -11,9 +11,9 @@ On CPU the process group uses gloo. ``accelerate launch --cpu`` starts only one 
 ``accelerate launch --multi_gpu --num_processes N`` (with no GPU, the processes run on the CPU)
 or ``torchrun --nproc_per_node N``.
 
-With ``accelerate launch --use_fsdp --fsdp_version 2`` (or ``AREAL_FSDP=1``) the same scheme runs
-with the weights sharded by FSDP2 instead of replicated (``fsdp.py``; ``DistContext.fsdp``): the
-gradient sum is then FSDP's reduce-scatter, and ``sync_gradients`` is not used.
+With ``parallel.fsdp=true`` the same scheme runs with the weights sharded by FSDP2 instead of
+replicated (``fsdp.py``; ``DistContext.fsdp``): the gradient sum is then FSDP's reduce-scatter, and
+``sync_gradients`` is not used.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from . import fsdp as fsdp_mod
-from .loss.stats import combine
+from .metrics import Metric, reduce
 
 _PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "NCCL communicator was aborted",
               "Socket Timeout", "connection was closed")
@@ -64,6 +64,11 @@ class DistContext:
         """``t -> all-reduced sum`` for the math modules (None in a single process)."""
         return (lambda t: self.all_reduce(t.clone())) if self.enabled else None
 
+    def gradient_sync(self):
+        """What sums the gradients of an optimizer step over the processes: :meth:`sync_gradients` with
+        replicated weights, None in a single process or under FSDP2 (whose backward reduce-scatters them)."""
+        return self.sync_gradients if self.enabled and not self.fsdp else None
+
     def sync_gradients(self, params: list[torch.nn.Parameter]) -> None:
         """Sum every gradient over the ranks with one flat all-reduce."""
         if not self.enabled:
@@ -77,14 +82,13 @@ class DistContext:
             p.grad = flat[offset: offset + n].view_as(g).clone()
             offset += n
 
-    def reduce_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
-        """Combine one step's metrics over ranks, each key as ``loss/stats.py`` says (min, max, sum,
-        token-weighted mean or mean): the same rule as across the step's micro-batches."""
+    def reduce_metrics(self, metrics: dict[str, Metric | float]) -> dict[str, Metric]:
+        """Combine one step's metrics over ranks, each by its own reduction (``metrics.py``)."""
         if not self.enabled:
-            return metrics
+            return reduce([metrics])
         gathered: list[dict] = [{} for _ in range(self.world_size)]
         dist.all_gather_object(gathered, dict(metrics))
-        return combine(gathered)
+        return reduce(gathered)
 
     def gather_objects(self, obj) -> list:
         """Every rank's ``obj``, in rank order (``[obj]`` in a single process)."""
@@ -107,9 +111,11 @@ class DistContext:
             dist.destroy_process_group()
 
 
-def init_distributed(device_name: str) -> tuple[DistContext, torch.device | None]:
+def init_distributed(device_name: str, *, fsdp: bool = False) -> tuple[DistContext, torch.device | None]:
     """Join the process group started by the launcher, if any; returns the context and the device
-    this rank should use (None: decide from the config as in a single process)."""
+    this rank should use (None: decide from the config as in a single process). ``fsdp``:
+    ``parallel.fsdp`` (a launcher that asks for FSDP2 without it is an error)."""
+    fsdp_mod.check_launcher(fsdp)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return DistContext(), None
@@ -120,4 +126,4 @@ def init_distributed(device_name: str) -> tuple[DistContext, torch.device | None
     device = torch.device("cuda", local) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)
-    return DistContext(rank=rank, world_size=world, local_rank=local, fsdp=fsdp_mod.requested()), device
+    return DistContext(rank=rank, world_size=world, local_rank=local, fsdp=fsdp), device

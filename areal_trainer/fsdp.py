@@ -1,8 +1,8 @@
 """Sharded data parallelism with FSDP2 (``torch.distributed.fsdp.fully_shard``).
 
-Requested by ``accelerate launch --use_fsdp --fsdp_version 2`` (which exports
-``ACCELERATE_USE_FSDP=true`` and ``FSDP_VERSION=2``) or, under ``torchrun``, by ``AREAL_FSDP=1``. The
-data-parallel scheme of ``dist.py`` is unchanged (each rank its own rows, losses divided by the
+Chosen by the key ``parallel.fsdp=true`` (saved with the run's config), with the processes started by
+``scheduler.type=local``, ``torchrun`` or ``accelerate launch`` (``--use_fsdp --fsdp_version 2`` then
+agrees with the key; a launcher that asks for FSDP2 without it is an error). The data-parallel scheme of ``dist.py`` is unchanged (each rank its own rows, losses divided by the
 *global* normaliser); only the weights, gradients and optimizer state are split over the ranks:
 
 * every decoder layer and then the whole model become FSDP2 units; each unit all-gathers its weights
@@ -40,19 +40,17 @@ from torch.distributed.tensor import DTensor
 
 from .errors import UserError
 
-ENV_FLAG = "AREAL_FSDP"
 
-
-def requested() -> bool:
-    """Whether the launcher asked for FSDP2 (``accelerate launch --use_fsdp --fsdp_version 2``, or ``AREAL_FSDP=1``)."""
-    if os.environ.get(ENV_FLAG, "").lower() in ("1", "true", "yes"):
-        return True
+def check_launcher(fsdp: bool) -> None:
+    """``accelerate launch --use_fsdp`` must agree with ``parallel.fsdp`` (and ask for FSDP version 2)."""
     if os.environ.get("ACCELERATE_USE_FSDP", "").lower() not in ("1", "true"):
-        return False
+        return
+    if not fsdp:
+        raise UserError("accelerate launch --use_fsdp asks for FSDP2, but parallel.fsdp=false: add parallel.fsdp=true "
+                        "(the key decides; it is saved with the run's config).")
     if os.environ.get("FSDP_VERSION", "1") != "2":
         raise UserError("accelerate launch --use_fsdp defaults to FSDP version 1, which this trainer does not "
                         "implement; add --fsdp_version 2.")
-    return True
 
 
 def is_sharded(model) -> bool:

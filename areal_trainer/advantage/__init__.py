@@ -1,9 +1,11 @@
 """Advantages, returns and rewards for the PPO-family update, with pluggable stages.
 
-``compute_advantages(AdvantageInputs(data, config, meta))`` runs the computation the actor config
-selects (``actor.advantage``): by default the length penalty, outcome shaping, reward
-normalisation, GAE over tokens or turns, advantage normalisation and process shaping; any of the
-three stages, or the whole computation, can be a user function given by import path.
+The computation ``actor.advantage`` selects is bound once at start-up
+(``areal_trainer.components.advantage.bind_advantage``) into an :class:`AdvantageFn`, called as
+``fn(AdvantageInputs(data, config, meta))``: by default the length penalty, outcome shaping, reward
+normalisation, GAE over tokens or turns, advantage normalisation and process shaping, reading one frozen
+:class:`AdvantageSettings`; any of the stages, or the whole computation, can be a user function given
+by import path. This package imports nothing of the trainer but the loss's KL estimators.
 
 Stage signatures (``kwargs`` come from the config)::
 
@@ -30,15 +32,19 @@ from .datatypes import (
     TrajBatchMeta,
 )
 from .gae import GAELambdaContext, GAELambdaInputs, compute_gae_lambda
-from .stages import compute_advantages, resolve_advantage
+from .settings import AdvantageSettings, Norm
+from .stages import AdvantageFn
 
 __all__ = [
     "EXTRAS_WHITELIST",
+    "AdvantageFn",
     "AdvantageInputs",
+    "AdvantageSettings",
     "AdvantageResult",
     "GAELambdaContext",
     "GAELambdaInputs",
     "GroupBaselineInputs",
+    "Norm",
     "OutcomeResult",
     "OutcomeRewardInputs",
     "ProcessAdvantageInputs",
@@ -46,7 +52,5 @@ __all__ = [
     "TemporalInputs",
     "TemporalResult",
     "TrajBatchMeta",
-    "compute_advantages",
     "compute_gae_lambda",
-    "resolve_advantage",
 ]

@@ -25,7 +25,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..plugins import resolve
 from .scan import reverse_discounted_cumsum
 from .turns import MISSING_TURN_IDS, as_float_mask, validated_turn_starts
 
@@ -73,7 +72,7 @@ def compute_gae_lambda(
     turn_ids: torch.Tensor | None,
     *,
     time_unit: str,
-    gae_lambda: float | str | Callable[..., torch.Tensor],
+    gae_lambda: float | Callable[..., torch.Tensor],
     kwargs: Mapping[str, Any] | None = None,
 ) -> float | torch.Tensor:
     """Resolve ``gae_lambda`` for a batch: a static float, or a function of a ``GAELambdaContext``.
@@ -82,7 +81,7 @@ def compute_gae_lambda(
         loss_mask: ``[B, S]`` aligned mask.
         turn_ids: ``[B, S]`` aligned turn ids, or None.
         time_unit: the unit of the estimator that will use the lambda (``token`` or ``turn``).
-        gae_lambda: a number, an import path, or a callable ``fn(ctx, **kwargs) -> [B]``.
+        gae_lambda: a number, or a callable ``fn(ctx, **kwargs) -> [B]``.
         kwargs: keyword arguments of the callable.
 
     Returns:
@@ -94,9 +93,10 @@ def compute_gae_lambda(
         if not math.isfinite(gae_lambda):
             raise ValueError(f"Static gae_lambda must be finite; got {gae_lambda}.")
         return float(gae_lambda)
-    fn = resolve(gae_lambda, "actor.gae_lambda", kwargs) if isinstance(gae_lambda, str) else gae_lambda
+    fn = gae_lambda
     if not callable(fn):
-        raise TypeError(f"gae_lambda must be a number, an import path or a callable; got {type(fn).__name__}.")
+        raise TypeError(f"gae_lambda must be a number or a callable (the trainer passes the function "
+                        f"actor.gae_lambda names, resolved); got {type(fn).__name__}.")
     ctx = gae_lambda_context(loss_mask, turn_ids, time_unit=time_unit)
     out = fn(ctx, **dict(kwargs or {}))
     name = getattr(fn, "__qualname__", repr(fn))

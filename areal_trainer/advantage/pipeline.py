@@ -8,8 +8,9 @@
 5. ``adv_norm``;
 6. process advantage shaping (stage ``process_adv_shaping``), which never touches the returns.
 
-Stages arrive resolved (see :mod:`areal_trainer.advantage.stages`); what user stages return is
-validated here, naming the stage.
+Stages arrive resolved and settings bound (``components/advantage.py``): the built-in steps read only
+:class:`~areal_trainer.advantage.settings.AdvantageSettings`, never the config. What user stages return
+is validated here, naming the stage.
 """
 
 from __future__ import annotations
@@ -31,10 +32,10 @@ from .datatypes import (
     ProcessAdvantageInputs,
     TemporalInputs,
 )
-from .estimators import token_gae
 from .normalize import normalize
 from .process import PROCESS_FUNCTIONS, check_process_mode, gvpo_params, split_token_rewards
 from .reward import normalize_rewards, overlong_penalty, place_outcome, scale_bias_clip
+from .settings import AdvantageSettings
 
 REQUIRED_2D = ("input_ids", "attention_mask", "loss_mask", "logprobs")
 OPTIONAL_2D = ("values", "ref_logp", "turn_ids", "token_rewards", "versions")
@@ -42,12 +43,23 @@ OPTIONAL_2D = ("values", "ref_logp", "turn_ids", "token_rewards", "versions")
 
 @dataclass(frozen=True)
 class Stage:
-    """A resolved stage: its function, bound kwargs, and the label errors use."""
+    """A resolved stage: its function, bound kwargs, the label errors use, and what the pipeline may
+    assume of it (declared by the binding, never inferred from which function it is).
+
+    Attributes:
+        builtin: a built-in function (its output is trusted, not validated).
+        reads_turn_ids: an estimator that uses turn ids (a token estimator with a static lambda does not,
+            so they are not aligned for it).
+        takes_prm_params: a process stage whose kwargs are merged with the PRM parameters passed at call
+            time (``AdvantageInputs.prm_params``; GVPO).
+    """
 
     label: str
     fn: Callable[..., Any]
     kwargs: Mapping[str, Any] = field(default_factory=dict)
     builtin: bool = True
+    reads_turn_ids: bool = True
+    takes_prm_params: bool = False
 
     def __call__(self, inputs: Any, **extra: Any) -> Any:
         return self.fn(inputs, **{**self.kwargs, **extra})
@@ -55,14 +67,15 @@ class Stage:
 
 @dataclass(frozen=True)
 class Stages:
-    """The stages; ``process`` None means ``auto`` (the PRM mode passed at call time); ``baseline``
-    None means ``auto`` (``reward_norm``)."""
+    """The stages and the settings they run with; ``process`` None means ``auto`` (the PRM mode passed at
+    call time); ``baseline`` None means ``auto`` (``reward_norm``)."""
 
     outcome: Stage
     estimator: Stage
     process: Stage | None
     gae_lambda: float | Callable[..., torch.Tensor]
     baseline: Stage | None = None
+    settings: AdvantageSettings = field(default_factory=AdvantageSettings)
 
 
 def check_data(data: Mapping[str, Any], meta) -> tuple[int, int, torch.device]:
@@ -94,9 +107,11 @@ def check_data(data: Mapping[str, Any], meta) -> tuple[int, int, torch.device]:
 
 
 def run_default(inputs: AdvantageInputs, stages: Stages) -> AdvantageResult:
-    """The default computation with the bound ``stages`` (see the module docstring)."""
-    data, cfg, meta = inputs.data, inputs.config, inputs.meta
-    n_rows, width, device = check_data(data, meta)
+    """The default computation with the bound ``stages`` (see the module docstring); the batch was checked
+    by the caller (:class:`~.stages.AdvantageFn`)."""
+    data, cfg, meta = inputs.data, stages.settings, inputs.meta
+    n_rows, width = data["input_ids"].shape
+    device = data["input_ids"].device
     shape = (n_rows, width)
     penalized, scores = _outcome(inputs, stages, n_rows, device)
     m = aligned_mask(data["loss_mask"])
@@ -113,8 +128,8 @@ def run_default(inputs: AdvantageInputs, stages: Stages) -> AdvantageResult:
     values = zeros if values is None else values.float()
     raw_ids = data.get("turn_ids")
     token_rewards = data.get("token_rewards")
-    # The built-in token estimator with a static lambda never reads turn ids: skip aligning them.
-    unused = stages.estimator.fn is token_gae and not callable(stages.gae_lambda) and token_rewards is None
+    # An estimator that does not read turn ids (with a static lambda) is spared aligning them.
+    unused = not stages.estimator.reads_turn_ids and not callable(stages.gae_lambda) and token_rewards is None
     ids = None if raw_ids is None or unused else aligned_turn_ids(raw_ids, m)
     direct, folded = None, zeros
     if token_rewards is not None:
@@ -125,7 +140,7 @@ def run_default(inputs: AdvantageInputs, stages: Stages) -> AdvantageResult:
         loss_mask=m, outcome_rewards=place_outcome(rows, m), kl_rewards=kl, process_rewards=folded, values=values,
         bootstrap_values=bootstrap_values(values, seqlen), is_truncated=truncated, turn_ids=ids,
         discount=cfg.discount, gae_lambda=stages.gae_lambda, gae_lambda_kwargs=dict(cfg.gae_lambda_kwargs),
-        time_unit=cfg.gae_timestep_unit, config=cfg)
+        time_unit=cfg.gae_timestep_unit, config=inputs.config)
     est = stages.estimator(temporal)
     if not stages.estimator.builtin:
         check.check_temporal(est, label=stages.estimator.label, shape=shape, device=device)
@@ -134,8 +149,8 @@ def run_default(inputs: AdvantageInputs, stages: Stages) -> AdvantageResult:
         adv = normalize(adv, m, cfg.adv_norm, group_sizes=meta.traj_group_sizes if meta else None,
                         member_counts=meta.logical_group_sizes if meta else None, all_reduce=inputs.all_reduce)
     elif not stages.estimator.builtin:
-        adv = adv * m  # built-in estimators and the normalisation already give 0 at masked positions (Q15)
-    adv = _process(inputs, stages, ProcessAdvantageInputs(adv, direct, m, cfg), shape, device)
+        adv = adv * m  # built-in estimators and the normalisation already give 0 at masked positions (so only a user estimator's output is masked here)
+    adv = _process(inputs, stages, ProcessAdvantageInputs(adv, direct, m, inputs.config), shape, device)
     extras = {"is_truncated": truncated, "input_token_loss_mask": data["loss_mask"]}
     if ref is not None:
         extras["ref_logp"] = ref
@@ -147,7 +162,7 @@ def run_default(inputs: AdvantageInputs, stages: Stages) -> AdvantageResult:
 
 def _outcome(inputs: AdvantageInputs, stages: Stages, n_rows: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """``(penalised [B], final per-row scores [B])``: steps 1-3."""
-    data, cfg, meta = inputs.data, inputs.config, inputs.meta
+    data, cfg, meta = inputs.data, stages.settings, inputs.meta
     raw = data["rewards"]
     penalized = raw
     if cfg.overlong_reward_penalty:
@@ -156,13 +171,13 @@ def _outcome(inputs: AdvantageInputs, stages: Stages, n_rows: int, device) -> tu
     view = MappingProxyType({**data, "rewards": penalized})
     stage = stages.outcome
     before = check.tensor_versions(view)
-    out = stage(OutcomeRewardInputs(data=view, config=cfg, meta=meta))
+    out = stage(OutcomeRewardInputs(data=view, config=inputs.config, meta=meta))
     check.check_unmodified(stage.label, view, before)
     n_logical = sum(meta.logical_group_sizes) if meta is not None else None
     check.check_outcome(out, label=stage.label, n_rows=n_rows, n_logical=n_logical, device=device,
                         allow_int=stage.builtin)
     if stages.baseline is not None:
-        return penalized, _baseline(inputs, stages.baseline, out.rewards, n_rows, device)
+        return penalized, _baseline(inputs, stages, out.rewards, n_rows, device)
     norm = cfg.reward_norm
     explicit = meta is not None and any(r is not None for r in meta.logical_rewards)
     norm_on = norm is not None and (norm.mean_level is not None or norm.std_level is not None)
@@ -171,21 +186,22 @@ def _outcome(inputs: AdvantageInputs, stages: Stages, n_rows: int, device) -> tu
         raise ValueError(f"{stage.label}: the batch carries explicit logical-rollout rewards and reward_norm is on, "
                          "so the outcome stage must return OutcomeResult.normalization_rewards (its transform "
                          "applied to the references in meta.rollout_groups).")
-    scores = normalize_rewards(out.rewards, cfg=cfg, meta=meta, references=refs,
+    scores = normalize_rewards(out.rewards, settings=cfg, meta=meta, references=refs,
                                unpenalized=raw if cfg.overlong_reward_penalty else None, all_reduce=inputs.all_reduce)
     return penalized, scores
 
 
-def _baseline(inputs: AdvantageInputs, stage: Stage, rewards: torch.Tensor, n_rows: int, device) -> torch.Tensor:
+def _baseline(inputs: AdvantageInputs, stages: Stages, rewards: torch.Tensor, n_rows: int, device) -> torch.Tensor:
     """Step 3 with the group-baseline stage in place of ``reward_norm``."""
-    cfg, meta = inputs.config, inputs.meta
+    stage, cfg, meta = stages.baseline, stages.settings, inputs.meta
     if meta is not None and any(g is not None for g in meta.rollout_groups):
         raise ValueError(f"{stage.label}: a group-baseline stage sees rows, but this batch carries logical "
                          "rollouts (meta.rollout_groups); use the default group_baseline (reward_norm).")
     scores = scale_bias_clip(rewards, bias=cfg.reward_bias, scale=cfg.reward_scaling, clip=cfg.reward_clip)
     sizes = tuple(meta.traj_group_sizes) if meta is not None else (n_rows,)
     out = stage(GroupBaselineInputs(scores=scores, rewards=rewards.float(), group_sizes=sizes,
-                                    loss_mask=inputs.data["loss_mask"], all_reduce=inputs.all_reduce, config=cfg))
+                                    loss_mask=inputs.data["loss_mask"], all_reduce=inputs.all_reduce,
+                                    config=inputs.config))
     check.check_tensor(stage.label, "the returned scores", out, (n_rows,), device)
     check.check_values(stage.label, {"the returned scores": out})
     return out.float()
@@ -193,15 +209,15 @@ def _baseline(inputs: AdvantageInputs, stage: Stage, rewards: torch.Tensor, n_ro
 
 def _process(inputs: AdvantageInputs, stages: Stages, pin: ProcessAdvantageInputs, shape, device) -> torch.Tensor:
     """Step 6: the explicit stage, else the PRM mode given at call time, else additive."""
-    stage, cfg = stages.process, inputs.config
+    stage, cfg = stages.process, stages.settings
     if stage is None:
         mode = inputs.prm_mode or "additive"
         check_process_mode(mode, cfg, source="AdvantageInputs.prm_mode")
         kwargs = gvpo_params(inputs.prm_params) if mode == "gvpo" else {}
         return PROCESS_FUNCTIONS[mode](pin, **kwargs)
+    if stage.takes_prm_params:
+        return stage.fn(pin, **gvpo_params(inputs.prm_params, stage.kwargs))
     if stage.builtin:
-        if stage.fn is PROCESS_FUNCTIONS["gvpo"]:
-            return stage.fn(pin, **gvpo_params(inputs.prm_params, stage.kwargs))
         return stage(pin)
     out = stage(pin)
     check.check_process(out, label=stage.label, shape=shape, device=device)

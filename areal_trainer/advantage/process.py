@@ -18,7 +18,6 @@ from collections.abc import Mapping
 
 import torch
 
-from ..errors import is_number
 from .datatypes import ProcessAdvantageInputs
 
 PROCESS_MODES = ("additive", "gvpo", "process_weighted")
@@ -131,26 +130,3 @@ def process_weighted(inputs: ProcessAdvantageInputs) -> torch.Tensor:
 
 
 PROCESS_FUNCTIONS = {"additive": additive, "gvpo": gvpo, "process_weighted": process_weighted}
-
-
-def process_stage_problems(key: str, cfg) -> list[str]:
-    """The rules of the built-in process stages on an actor config ``cfg`` (``{key}.*`` keys)."""
-    stage = cfg.advantage.process_adv_shaping
-    if stage is None or stage.implementation not in ("gvpo", "process_weighted"):
-        return []
-    p = []
-    impl = stage.implementation
-    if not cfg.token_rewards_as_adv:
-        p.append(f"{key}.advantage.process_adv_shaping.implementation={impl!r} requires "
-                 f"{key}.token_rewards_as_adv=true.")
-    if impl == "process_weighted" and cfg.mask_no_eos_with_zero:
-        p.append(f"{key}.advantage.process_adv_shaping.implementation='process_weighted' requires "
-                 f"{key}.mask_no_eos_with_zero=false.")
-    if impl == "gvpo":
-        for name, v in stage.kwargs.items():
-            if name not in ("negative_scale", "zero_penalty", "zero_eps"):
-                p.append(f"{key}.advantage.process_adv_shaping.kwargs.{name}: not a GVPO parameter; "
-                         "accepted: negative_scale, zero_penalty, zero_eps.")
-            elif not is_number(v) or not math.isfinite(v) or v < 0:
-                p.append(f"{key}.advantage.process_adv_shaping.kwargs.{name}: got {v!r}; must be a finite number >= 0.")
-    return p

@@ -45,7 +45,7 @@ def place_outcome(rewards: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tenso
 def normalize_rewards(
     rewards: torch.Tensor,
     *,
-    cfg,
+    settings,
     meta: TrajBatchMeta | None,
     references: torch.Tensor | None = None,
     unpenalized: torch.Tensor | None = None,
@@ -61,7 +61,7 @@ def normalize_rewards(
 
     Args:
         rewards: ``[B]`` after the length penalty and the outcome stage.
-        cfg: the actor config (``reward_bias``, ``reward_scaling``, ``reward_clip``, ``reward_norm``).
+        settings: ``reward_bias``, ``reward_scaling``, ``reward_clip`` and ``reward_norm`` (``AdvantageSettings``).
         meta: the batch grouping, or None.
         references: ``[L]`` shaped references (one per logical rollout), before bias/scale/clip.
         unpenalized: ``[B]`` rewards before the length penalty (to check split rows), or None.
@@ -70,9 +70,9 @@ def normalize_rewards(
     Returns:
         ``[B]`` float32.
     """
-    opts = dict(bias=cfg.reward_bias, scale=cfg.reward_scaling, clip=cfg.reward_clip)
+    opts = dict(bias=settings.reward_bias, scale=settings.reward_scaling, clip=settings.reward_clip)
     scores = scale_bias_clip(rewards, **opts)
-    norm = cfg.reward_norm
+    norm = settings.reward_norm
     if norm is None or (norm.mean_level is None and norm.std_level is None):
         return scores
     sizes = meta.traj_group_sizes if meta is not None else None

@@ -1,12 +1,16 @@
-"""Configuration: the typed schema, YAML composition and validation.
+"""Configuration: the typed schema (one module per group of sections), the key index, YAML composition,
+the checks of overrides and the schema's rules. Binding a configuration to the components that use it
+(plugins, the loss, the advantage stages, the engine) is ``areal_trainer.components``:
 
->>> from areal_trainer.config import load_config
->>> cfg = load_config("grpo", ["actor.eps_clip=0.3"])   # doctest: +SKIP
+>>> from areal_trainer.components import load
+>>> components = load("grpo", ["actor.eps_clip=0.3"])   # doctest: +SKIP
+>>> components.config.actor.eps_clip                    # doctest: +SKIP
+0.3
 """
 
 from .actor import PPOActorConfig, PPOCriticConfig
 from .base import ConfigError
-from .loader import load_config, to_trainer_config
+from .loader import compose_config, to_trainer_config
 from .parts import (
     AdvantageConfig,
     MicroBatchSpec,
@@ -15,11 +19,12 @@ from .parts import (
     RejectionSamplingConfig,
     StageConfig,
 )
-from .schema import GenerationHyperparameters, TrainerConfig
+from .schema import DatasetConfig, GenerationHyperparameters, TrainerConfig
 
 __all__ = [
     "AdvantageConfig",
     "ConfigError",
+    "DatasetConfig",
     "GenerationHyperparameters",
     "MicroBatchSpec",
     "NormConfig",
@@ -29,6 +34,6 @@ __all__ = [
     "RejectionSamplingConfig",
     "StageConfig",
     "TrainerConfig",
-    "load_config",
+    "compose_config",
     "to_trainer_config",
 ]

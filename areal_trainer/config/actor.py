@@ -1,8 +1,8 @@
 """Schema of ``actor`` (PPOActorConfig, also used for ``ref``) and ``critic`` (PPOCriticConfig).
 
-Names and defaults are AReaL's. Every rule that AReaL only checks at run time (``c_clip > 1``,
-the importance-sampling level, the KL estimator, the overlong-penalty lengths) is checked here,
-so a bad value fails at start-up, before any model loads.
+Names and defaults are AReaL's. Every rule that AReaL only checks at run time is checked at start-up,
+before any model loads: the keys' own values here, the rules of the policy loss and of the advantage
+stages where they are bound (``components/loss.py``, ``components/advantage.py``).
 """
 
 import math
@@ -87,6 +87,11 @@ class PPOActorConfig(TrainEngineConfig):
     """SAPO gate temperature for tokens with a positive advantage (> 0)."""
     sapo_tau_neg: float = 1.05
     """SAPO gate temperature for tokens with a zero or negative advantage (> 0)."""
+    # -- CISPO ------------------------------------------------------------------------------
+    use_cispo_loss: bool = False
+    """CISPO (MiniMax-M1, arXiv:2506.13585): a REINFORCE term weighted by the stop-gradient importance ratio
+    clipped to [1 - eps_clip, 1 + eps_clip_higher], so every token keeps a gradient; token-level ratios only,
+    not with SAPO (AReaL's key; the same as ``loss.surrogate.implementation=cispo``)."""
     # -- off-policy correction ----------------------------------------------------------------
     recompute_logprob: bool = False
     """Recompute pi_old with the current weights before the update (without the decoupled loss)."""
@@ -122,11 +127,9 @@ class PPOActorConfig(TrainEngineConfig):
             p.append(f"{key}.reward_clip: got {self.reward_clip}; must be > 0.")
         p += fraction(f"{key}.discount", self.discount)
         p += _lambda_problems(key, self.gae_lambda) + _json_problems(f"{key}.gae_lambda_kwargs", self.gae_lambda_kwargs)
-        p += m.policy_loss_problems(key, self)  # the surrogate's rules, M2PO, aggregation
         if self.overlong_reward_penalty:
             p += _overlong_problems(key, self.overlong_tokens, self.overlong_penalty_factor, self.max_new_tokens)
-        p += m.process_stage_problems(key, self)
-        return p
+        return p  # the loss's and the advantage stages' rules are checked where they are bound (components/)
 
     def warnings(self, key: str) -> list[str]:
         w = []

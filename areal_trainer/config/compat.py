@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .base import deferred_validation
+from .keys import defaults, value_at
 
 REJECTED = {
     "*.mb_spec.packing_algorithm": "only 'ffd' (the default) is implemented; 'kk' is an error",
@@ -37,31 +37,19 @@ REF_READ = ("path", "dtype", "optimizer")
 way); its forwards use the actor's temperature, micro-batching and actor.enable_tree_training."""
 
 
-def _default(cls):
-    with deferred_validation():
-        return cls()
-
-
-def _value(cfg, key: str):
-    node = cfg
-    for part in key.split("."):
-        node = getattr(node, part, None)
-    return node
-
-
 def compat_warnings(cfg) -> list[str]:
     """One message per group of ignored keys that ``cfg`` (a ``TrainerConfig``) sets."""
     out = []
     for key, why in IGNORED.items():
         section, _, name = key.rpartition(".")
-        node = _value(cfg, section)
+        node = value_at(cfg, section)
         if node is None:
             continue
-        default = getattr(_default(type(node)), name)
+        default = getattr(defaults(type(node)), name)
         if getattr(node, name) != default:
             out.append(f"{key}={getattr(node, name)!r} has no effect here: {why}.")
     if cfg.ref is not None:
-        default = _default(type(cfg.ref))
+        default = defaults(type(cfg.ref))
         unused = [f.name for f in dataclasses.fields(cfg.ref)
                   if f.name not in REF_READ and getattr(cfg.ref, f.name) != getattr(default, f.name)]
         if unused:

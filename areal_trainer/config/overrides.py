@@ -5,9 +5,6 @@ with a did-you-mean suggestion (Hydra itself stops at the first one).
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
-import types
 import typing
 from typing import Any
 
@@ -15,7 +12,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ChoiceSweep, OverrideType
 from hydra.errors import OverrideParseException
 
-from .schema import TrainerConfig
+from .keys import lookup, suggest_key, unwrap
 
 #: Hydra config groups of ``conf/`` (``algo=ppo`` selects a file, it is not a value key).
 CONFIG_GROUPS = ("algo", "algo_tuning", "scale", "correction")
@@ -37,53 +34,8 @@ def normalize_overrides(args: list[str]) -> list[str]:
     return out
 
 
-def _unwrap(tp: Any) -> tuple[Any, bool]:
-    """(inner type, optional?) for ``Optional[X]``."""
-    if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        return args[0], True
-    return tp, False
-
-
-def _fields(cls: type) -> dict[str, Any]:
-    hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
-
-
-def schema_keys(cls: type = TrainerConfig, prefix: str = "") -> list[str]:
-    """Every full key of the schema (nodes and leaves), e.g. ``actor.adv_norm.mean_level``."""
-    keys = []
-    for name, tp in _fields(cls).items():
-        full = f"{prefix}{name}"
-        keys.append(full)
-        inner, _ = _unwrap(tp)
-        if dataclasses.is_dataclass(inner):
-            keys += schema_keys(inner, full + ".")
-    return keys
-
-
-def lookup(key: str, cls: type = TrainerConfig) -> tuple[str, Any]:
-    """Resolve a dotted key to ``("leaf", type)``, ``("node", dataclass)``, ``("free", None)`` for keys
-    inside a free-form dict (kwargs), or ``("missing", None)``."""
-    tp: Any = cls
-    parts = key.split(".")
-    for part in parts:
-        inner, _ = _unwrap(tp)
-        if dataclasses.is_dataclass(inner):
-            fields = _fields(inner)
-            if part not in fields:
-                return "missing", None
-            tp = fields[part]
-            continue
-        if typing.get_origin(inner) in (dict, typing.Dict) or inner is Any:  # noqa: UP006
-            return "free", None
-        return "missing", None
-    inner, _ = _unwrap(tp)
-    return ("node", inner) if dataclasses.is_dataclass(inner) else ("leaf", tp)
-
-
 def _type_problem(key: str, tp: Any, value: Any) -> str | None:
-    inner, optional = _unwrap(tp)
+    inner, optional = unwrap(tp)
     if value is None:
         return None if (optional or inner is Any) else f"{key}: null is not allowed here (expected {_tname(inner)})."
     if isinstance(value, str) and value.startswith("${"):
@@ -110,47 +62,39 @@ def _tname(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp).replace("typing.", ""))
 
 
-def check_overrides(args: list[str]) -> list[str]:
-    """Problems of the value overrides in ``args`` (unknown keys, wrong types), all at once."""
-    return split_overrides(args)[0]
-
-
 def split_overrides(args: list[str]) -> tuple[list[str], list[str]]:
     """(every problem of ``args``, the overrides of ``args`` that have none, in order); an override Hydra
     cannot parse is a problem too."""
     parser = OverridesParser.create()
     problems: list[str] = []
     usable: list[str] = []
-    known = schema_keys()
     for arg in args:
         try:
             (ov,) = parser.parse_overrides([arg])
         except OverrideParseException as e:
             problems.append(f"{arg}: Hydra cannot parse this override ({str(e).splitlines()[0]}).")
             continue
-        mine = _override_problems(ov, known)
+        mine = _override_problems(ov)
         problems += mine
         if not mine:
             usable.append(arg)
     return problems, usable
 
 
-def _override_problems(ov, known: list[str]) -> list[str]:
+def _override_problems(ov) -> list[str]:
     key = ov.key_or_group
     if key in CONFIG_GROUPS or "/" in key or key.startswith("hydra") or ov.package is not None:
         return []
     if ov.type == OverrideType.DEL:
         return []
-    kind, tp = lookup(key)
-    if kind == "missing":
-        close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        return [f"{key}: not a configuration key.{hint}"]
-    if kind != "leaf":
+    found = lookup(key)
+    if found is None:
+        return [f"{key}: not a configuration key.{suggest_key(key)}"]
+    if found.section is not None or found.dotted != key:  # a section, or inside a free-form dict
         return []
     raw = ov.value()
     values = raw.list if isinstance(raw, ChoiceSweep) else ([] if ov.is_sweep_override() else [raw])
-    return [msg for v in values if (msg := _type_problem(key, tp, v))]
+    return [msg for v in values if (msg := _type_problem(key, found.annotation, v))]
 
 
 def config_name_of(argv: list[str], default: str = "config") -> str | None:

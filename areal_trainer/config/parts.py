@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
+from ..dtypes import DTYPE_NAMES
 from .base import Checked, at_least_one, fraction, is_number, one_of
 from .maths import maths
 
@@ -17,7 +18,7 @@ from .maths import maths
 # these belong to the training infrastructure (train/optim.py, model/load.py) and live here.
 OPTIMIZERS = ("adam", "adamw", "sgd")
 LR_SCHEDULES = ("constant", "linear", "cosine")
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+DTYPES = ("auto", *DTYPE_NAMES)
 PEFT_TYPES = ("lora",)
 
 
@@ -201,16 +202,6 @@ class AdvantageConfig(Checked):
             if used:
                 p.append(f"{key}.compute.implementation={self.compute.implementation!r} replaces the whole computation "
                          f"and cannot be combined with stage entries ({', '.join(used)}); set them to null.")
-        m = maths()
-        builtins = {"outcome_reward_shaping": m.OUTCOME_BUILTINS, "estimator": m.ESTIMATOR_BUILTINS,
-                    "process_adv_shaping": m.PROCESS_BUILTINS, "group_baseline": m.BASELINE_BUILTINS}
-        for name, stage in stages.items():
-            if stage is None or not isinstance(stage.implementation, str):
-                continue
-            impl = stage.implementation
-            if "." not in impl and impl not in builtins[name]:
-                p += one_of(f"{key}.{name}.implementation", impl, builtins[name],
-                            "Or give an import path 'package.module.function'.")
         proc = self.process_adv_shaping
         if proc is not None and proc.implementation == "auto" and proc.kwargs:
             p.append(f"{key}.process_adv_shaping.kwargs: implementation 'auto' takes no kwargs (got {dict(proc.kwargs)}); "

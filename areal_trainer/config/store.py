@@ -16,7 +16,6 @@ from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from .base import deferred_validation
 from .schema import TrainerConfig
 
 _DONE = [False]
@@ -25,8 +24,7 @@ _DONE = [False]
 def register_configs() -> None:
     if _DONE[0]:
         return
-    with deferred_validation():  # the defaults are valid; checking them would import the maths (torch)
-        ConfigStore.instance().store(name="base_config", node=TrainerConfig)
+    ConfigStore.instance().store(name="base_config", node=TrainerConfig)
     # ``${eighth:${gconfig.max_new_tokens}}``: DAPO's overlong zone is the last eighth of the budget.
     OmegaConf.register_new_resolver("eighth", lambda n: max(1, int(n) // 8), replace=True)
     ConfigLoaderImpl._apply_overrides_to_config = staticmethod(_apply_overrides_filling_null_sections)
@@ -54,8 +52,7 @@ def fill_null_sections(cfg: DictConfig, key: str, value) -> None:
             break
         cls = _null_section_class(parent._get_node(parts[i - 1]))
         if cls is not None:
-            with deferred_validation():
-                OmegaConf.update(cfg, prefix, OmegaConf.structured(cls), merge=False)
+            OmegaConf.update(cfg, prefix, OmegaConf.structured(cls), merge=False)
 
 
 def _apply_overrides_filling_null_sections(overrides, cfg: DictConfig) -> None:

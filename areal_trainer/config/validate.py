@@ -1,37 +1,31 @@
-"""Validation of a whole ``TrainerConfig``: every section's own rules plus the rules that span
-sections. Returns all problems at once; nothing here imports torch or loads a model."""
+"""Validation of a whole ``TrainerConfig``: every section's own rules (once each, in schema order) plus
+the rules that span sections. Returns all problems at once; nothing here imports torch or loads a
+model. The rules of components (plugins, the loss, the advantage stages, the rollout engine) are checked
+where those are bound, in ``components/``, in the same round.
+"""
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import os
 import shutil
 
+from .areal_keys import duplicate_key_warnings
 from .base import Checked
 from .compat import compat_warnings
+from .keys import sections
 from .pitfalls import useless_run_problems
 from .schema import TrainerConfig
-
-
-def _walk(node: object, key: str):
-    """Yield ``(full_key, node)`` for every config dataclass in the tree."""
-    if isinstance(node, Checked):
-        yield key, node
-    if dataclasses.is_dataclass(node):
-        for f in dataclasses.fields(node):
-            child = getattr(node, f.name)
-            if dataclasses.is_dataclass(child):
-                yield from _walk(child, f"{key}.{f.name}" if key else f.name)
 
 
 def collect(cfg: TrainerConfig) -> tuple[list[str], list[str]]:
     """(problems, warnings) of the whole config."""
     problems: list[str] = []
     warns: list[str] = []
-    for key, node in _walk(cfg, ""):
-        problems += node.check(key)
-        warns += node.warnings(key)
+    for key, node in sections(cfg):
+        if isinstance(node, Checked):
+            problems += node.check(key)
+            warns += node.warnings(key)
     p, w = _cross_section(cfg)
     return problems + p, warns + w + compat_warnings(cfg)
 
@@ -54,15 +48,7 @@ def _cross_section(cfg: TrainerConfig) -> tuple[list[str], list[str]]:
         p.append("evaluator: evaluation is scheduled but valid_dataset is null; set valid_dataset.path "
                  "or remove the evaluator frequencies.")
     p_useless, w_useless = useless_run_problems(cfg)
-    p, w = p + p_useless, w + w_useless
-    if abs(a.temperature - cfg.gconfig.temperature) > 1e-9 and not cfg.gconfig.greedy:
-        w.append(f"actor.temperature={a.temperature} differs from gconfig.temperature={cfg.gconfig.temperature}: "
-                 "the training log-probabilities then do not match the sampling policy.")
-    if a.max_new_tokens != cfg.gconfig.max_new_tokens and (
-        a.overlong_reward_penalty or a.loss_agg_mode == "seq-mean-token-sum-norm"
-    ):
-        w.append(f"actor.max_new_tokens={a.max_new_tokens} differs from gconfig.max_new_tokens="
-                 f"{cfg.gconfig.max_new_tokens}; set actor.max_new_tokens=${{gconfig.max_new_tokens}}.")
+    p, w = p + p_useless, w + w_useless + duplicate_key_warnings(cfg)
     for key, path in _local_paths(cfg):
         if not os.path.exists(os.path.expanduser(path)):
             p.append(f"{key}: {path!r} does not exist (no such file or directory).")
@@ -76,7 +62,6 @@ def _rollout_problems(cfg: TrainerConfig) -> list[str]:
     """Asynchronous-rollout settings that cannot work together."""
     r, b = cfg.rollout, cfg.train_dataset.batch_size
     p = []
-    eta = r.max_head_offpolicyness
     if r.consumer_batch_size is not None and r.consumer_batch_size != b:
         p.append(f"rollout.consumer_batch_size={r.consumer_batch_size} differs from train_dataset.batch_size={b}: the "
                  "staleness manager counts the groups the trainer consumes per version, so a smaller value stalls "
@@ -86,9 +71,6 @@ def _rollout_problems(cfg: TrainerConfig) -> list[str]:
     if queue < b:
         p.append(f"rollout.queue_size={queue} is smaller than one batch (train_dataset.batch_size={b} prompt groups): "
                  "the trainer could never collect a batch. Raise it to at least the batch size, or leave it null.")
-    if eta > 0 and r.backend == "vllm" and r.offpolicy_mode == "lagged" and r.lagged_switch_prob > 0:
-        p.append("rollout.lagged_switch_prob > 0 needs rollout.backend=hf: the vllm backend cannot switch weights "
-                 "inside a generation call. Use rollout.backend=hf or rollout.lagged_switch_prob=0.")
     return p
 
 

@@ -9,7 +9,7 @@ The trainer owns the forward pass; these functions only see per-token tensors.
 
 Usage::
 
-    loss_fn = bind_policy_loss(actor_config)              # once (areal_trainer.config.loss.bind_policy_loss)
+    loss_fn = bind_policy_loss(actor_config)              # once (areal_trainer.components.loss)
     n = sum(loss_normalizer(mb.loss_mask, actor_config.loss_agg_mode) for mb in micro_batches)
     for mb in micro_batches:                               # all-reduce n over ranks first
         loss, stats = loss_fn(PolicyLossInputs(...), normalizer=n)
@@ -19,7 +19,8 @@ Tensors are ``[B, S]`` right-padded rows, next-token aligned (see :mod:`.types`)
 
 Stats convention. Every stats dict holds detached 0-dim tensors (no ``.item()``: nothing in the
 loss path synchronises with the device) under slash namespaces (``actor/...``, ``critic/...``).
-Keys reduce across micro-batches and ranks by their name (:func:`reduce_stats` implements it):
+Keys reduce across micro-batches by their name (:func:`reduce_stats` implements it; the trainer
+carries the same reduction across processes):
 
 * ending in ``/min`` or ``/max``: minimum or maximum (an empty micro-batch reports +inf / -inf);
 * ending in ``n_valid_tokens`` (``actor/n_valid_tokens``: loss tokens before any filter) or in
@@ -58,7 +59,7 @@ from .surrogate import (
     sapo_gate,
     sapo_surrogate,
 )
-from .types import PolicyLogprobs, PolicyLossInputs, PolicyLossResult, Stats
+from .types import PolicyLogprobs, PolicyLossInputs, PolicyLossResult, PolicyPlan, Stats
 from .value import explained_variance, value_loss
 
 __all__ = [
@@ -71,6 +72,7 @@ __all__ = [
     "PolicyLoss",
     "PolicyLossInputs",
     "PolicyLossResult",
+    "PolicyPlan",
     "RejectionResult",
     "RejectionSettings",
     "Stats",

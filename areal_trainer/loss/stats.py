@@ -1,5 +1,6 @@
-"""How metrics combine: one table, used inside a step (across micro-batches, :func:`reduce_stats`)
-and across data-parallel ranks (``dist.py``).
+"""How the loss's statistics combine over the micro-batches of a step (:func:`reduce_stats`): one table,
+the loss package's own naming convention (the trainer turns the result into metrics that carry the
+same reduction across processes, ``train/update.py``).
 
 * keys ending in ``/min`` or ``/max``: minimum / maximum;
 * counts (keys ending in one of :data:`SUM_SUFFIXES`): sum;
@@ -12,7 +13,7 @@ Works on device tensors and never synchronises.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Sequence
 from enum import StrEnum
 
 import torch
@@ -28,9 +29,8 @@ class Reduction(StrEnum):
     MEAN = "mean"
 
 
-SUM_SUFFIXES = ("n_valid_tokens", "/normalizer", "accepted_groups", "sampled_groups", "/rows", "/count",
-                "reward_errors", "verify_timeouts", "skipped_steps")
-"""Counts: they add up over micro-batches and ranks."""
+SUM_SUFFIXES = ("n_valid_tokens", "/normalizer")
+"""The loss's counts: they add up over micro-batches."""
 
 
 def count_key(key: str) -> str:
@@ -49,28 +49,6 @@ def reduction_of(key: str, present: Collection[str] = ()) -> Reduction:
     if count_key(key) in present:
         return Reduction.TOKEN_MEAN
     return Reduction.MEAN
-
-
-def combine(records: Sequence[Mapping[str, float]]) -> dict[str, float]:
-    """Combine plain-number records (one per data-parallel rank) key by key, by :func:`reduction_of`;
-    a key some records lack is combined over the others."""
-    out: dict[str, float] = {}
-    for key in sorted(set().union(*records)):
-        having = [r for r in records if key in r]
-        vals = [float(r[key]) for r in having]
-        how = reduction_of(key, having[0])
-        if how is Reduction.MIN:
-            out[key] = min(vals)
-        elif how is Reduction.MAX:
-            out[key] = max(vals)
-        elif how is Reduction.SUM:
-            out[key] = sum(vals)
-        elif how is Reduction.TOKEN_MEAN:
-            w = [float(r.get(count_key(key), 0.0)) for r in having]
-            out[key] = sum(v * x for v, x in zip(vals, w)) / max(sum(w), 1.0)
-        else:
-            out[key] = sum(vals) / len(vals)
-    return out
 
 
 def reduce_stats(per_micro_batch: Sequence[Stats]) -> Stats:

@@ -42,11 +42,13 @@ class PolicyLogprobs:
     def has_versions(self) -> bool:
         return self.versions is not None and self.current_version is not None
 
-    def rows(self, idx) -> PolicyLogprobs:
-        """The same policies restricted to rows ``idx`` (and the columns of ``behavior``)."""
+    def rows(self, idx, width: int | None = None) -> PolicyLogprobs:
+        """The same policies restricted to rows ``idx`` (and to the first ``width`` columns, if given)."""
+        cols = slice(None) if width is None else slice(0, width)
+
         def cut(t):
-            return None if t is None else t[idx]
-        return PolicyLogprobs(self.behavior[idx], cut(self.proximal), cut(self.versions), self.current_version)
+            return None if t is None else t[idx][:, cols]
+        return PolicyLogprobs(cut(self.behavior), cut(self.proximal), cut(self.versions), self.current_version)
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,22 @@ class PolicyLossInputs:
         for name, t in named:
             if t is not None and tuple(t.shape) != shape:
                 raise ValueError(f"{name} has shape {tuple(t.shape)}; expected {shape} like logprobs.")
+
+
+@dataclass(frozen=True)
+class PolicyPlan:
+    """Which log-probabilities a step computes (bound from AReaL's ``use_decoupled_loss``,
+    ``recompute_logprob`` and ``prox_logp_method``; ``train/policies.py`` has the table).
+
+    Attributes:
+        recompute: run a no-grad forward of the current weights before the advantage.
+        old: ``behavior`` (the engine's logprobs) or ``recomputed``: pi_old.
+        proximal: ``old`` (pi_prox is pi_old), ``recomputed``, or ``loglinear`` (approximated in the loss).
+    """
+
+    recompute: bool
+    old: str
+    proximal: str
 
 
 class PolicyLossResult(NamedTuple):

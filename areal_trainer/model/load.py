@@ -11,6 +11,7 @@ import os
 
 import torch
 
+from ..dtypes import torch_dtype
 from ..errors import UserError
 from . import builtin, smollm2
 
@@ -22,8 +23,8 @@ def resolve_device(name: str) -> torch.device:
 
 
 def param_dtype(dtype: str) -> torch.dtype:
-    return {"auto": torch.float32, "float32": torch.float32, "bfloat16": torch.bfloat16,
-            "float16": torch.float16}[dtype]
+    """The weights' dtype: float32 for ``auto`` (autocast then supplies bfloat16 on CUDA)."""
+    return torch.float32 if dtype == "auto" else torch_dtype(dtype)
 
 
 def autocast_dtype(dtype: str, device: torch.device) -> torch.dtype | None:

@@ -31,6 +31,7 @@ from collections import deque
 from collections.abc import Callable
 
 from ..errors import UserError
+from ..metrics import Max, Mean, Sum
 from ..rollout.staleness import StalenessManager
 from ..rollout.types import TrajectoryGroup
 from .collect import Batch, rollout_groups, sampled_metrics
@@ -175,10 +176,11 @@ class AsyncSource:
         metrics = sampled_metrics(sampled, accepted)
         wall = max(sum(spent.values()), 1e-9)
         metrics.update({
-            "time/rollout_wait": time.monotonic() - t0, "rollout/buffered_groups": float(buffered),
-            "rollout/overlap_frac": spent["both"] / wall, "rollout/trainer_idle_frac": (spent["producer"] + spent["neither"]) / wall,
-            "rollout/generator_idle_frac": (spent["trainer"] + spent["neither"]) / wall,
-            "rollout/oldest_version_lag": float(version - min(g.min_version for g in accepted)) if accepted else 0.0,
+            "time/rollout_wait": Max(time.monotonic() - t0), "rollout/buffered_groups": Sum(float(buffered)),
+            "rollout/overlap_frac": Mean(spent["both"] / wall),
+            "rollout/trainer_idle_frac": Mean((spent["producer"] + spent["neither"]) / wall),
+            "rollout/generator_idle_frac": Mean((spent["trainer"] + spent["neither"]) / wall),
+            "rollout/oldest_version_lag": Max(float(version - min(g.min_version for g in accepted)) if accepted else 0.0),
         })
         return Batch(accepted, metrics)
 

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..errors import UserError
+from ..metrics import Mean, Metric, Sum
 from ..rollout.types import TrajectoryGroup, as_group
 
 
@@ -23,7 +24,7 @@ class Batch:
     ids), and metrics about the sampling (``rollout/...``, ``reward/...``, ``time/...``)."""
 
     groups: list[TrajectoryGroup]
-    metrics: dict[str, float] = field(default_factory=dict)
+    metrics: dict[str, Metric] = field(default_factory=dict)
 
     @property
     def prompt_ids(self) -> list[int]:
@@ -47,17 +48,15 @@ def rollout_groups(workflow, samples: list[dict], ids: Sequence[int], gconfig) -
     return groups
 
 
-def sampled_metrics(sampled: Sequence[TrajectoryGroup], accepted: Sequence[TrajectoryGroup]) -> dict[str, float]:
+def sampled_metrics(sampled: Sequence[TrajectoryGroup], accepted: Sequence[TrajectoryGroup]) -> dict[str, Metric]:
     """Filtering and reward statistics of every group sampled for a batch (accepted or not)."""
     rewards = sum(float(g["rewards"].sum()) for g in sampled)
     answers = sum(g["rewards"].numel() for g in sampled)
-    out = {"rollout/accepted_groups": len(accepted), "rollout/sampled_groups": len(sampled),
-           "rollout/accept_rate": len(accepted) / max(len(sampled), 1), "reward/sampled": rewards / max(answers, 1),
-           "rollout/reward_errors": 0.0, "reward/verify_timeouts": 0.0}
-    for g in sampled:
-        out["rollout/reward_errors"] += g.stats.get("reward_errors", 0.0)
-        out["reward/verify_timeouts"] += g.stats.get("verify_timeouts", 0.0)
-    return out
+    return {"rollout/accepted_groups": Sum(len(accepted)), "rollout/sampled_groups": Sum(len(sampled)),
+            "rollout/accept_rate": Mean(len(accepted) / max(len(sampled), 1), max(len(sampled), 1)),
+            "reward/sampled": Mean(rewards / max(answers, 1), answers),
+            "rollout/reward_errors": Sum(sum(g.stats.get("reward_errors", 0.0) for g in sampled)),
+            "reward/verify_timeouts": Sum(sum(g.stats.get("verify_timeouts", 0.0) for g in sampled))}
 
 
 def collect_groups(loader, workflow, gconfig, *, batch_size: int, accept: Callable | None, dynamic_bs: bool,

@@ -11,10 +11,11 @@ from __future__ import annotations
 import torch
 
 from ..config.schema import GenerationHyperparameters
+from ..metrics import Mean, Metric, Sum
 
 
 def evaluate(workflow, samples: list[dict], gconfig: GenerationHyperparameters, batch_size: int,
-             examples: list | None = None) -> dict[str, float]:
+             examples: list | None = None) -> dict[str, Metric]:
     correct, rewards = [], []
     errors = timeouts = 0.0
     for i in range(0, len(samples), batch_size):
@@ -28,8 +29,9 @@ def evaluate(workflow, samples: list[dict], gconfig: GenerationHyperparameters, 
             errors += stats.get("reward_errors", 0.0)
             timeouts += stats.get("verify_timeouts", 0.0)
     c = torch.stack(correct)  # [prompts, k]
-    out = {"eval/accuracy": float(c.mean()), "eval/reward": float(torch.stack(rewards).mean()),
-           "eval/reward_errors": errors, "eval/verify_timeouts": timeouts}
+    n, prompts = float(c.numel()), float(c.shape[0])
+    out = {"eval/accuracy": Mean(float(c.mean()), n), "eval/reward": Mean(float(torch.stack(rewards).mean()), n),
+           "eval/reward_errors": Sum(errors), "eval/verify_timeouts": Sum(timeouts)}
     if c.shape[1] > 1:
-        out["eval/pass@k"] = float(c.max(dim=1).values.mean())
+        out["eval/pass@k"] = Mean(float(c.max(dim=1).values.mean()), prompts)
     return out

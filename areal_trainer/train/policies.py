@@ -21,8 +21,9 @@ decoupled, ``loglinear``                   engine logprobs      interpolated fro
 
 "Recomputed" is a no-grad forward of the current weights (version ``v``) over the batch. The
 advantage receives pi_old (:attr:`AdvantageInputs.old_logprobs`); the loss receives one
-:class:`~areal_trainer.loss.PolicyLogprobs` with behaviour, proximal and versions. A full advantage
-replacement may return its own ``extras["prox_logp"]``, which then is the proximal policy.
+:class:`~areal_trainer.loss.PolicyLogprobs` with behaviour (the same pi_old, masked by the loss mask the
+advantage returned), proximal and versions. A full advantage replacement may return its own
+``extras["prox_logp"]``, which then is the proximal policy.
 
 The same module reports how far apart the policies are: the train/inference mismatch (the
 recomputed current policy against the engine's logprobs, which differ by precision and, when
@@ -38,32 +39,8 @@ import torch
 
 from ..advantage import AdvantageResult
 from ..advantage.align import shift_left
-from ..loss import PolicyLogprobs
-
-
-@dataclass(frozen=True)
-class PolicyPlan:
-    """Which log-probabilities a step computes, from the actor config (see the module table).
-
-    Attributes:
-        recompute: run a no-grad forward of the current weights before the advantage.
-        old: ``behavior`` (the engine's logprobs) or ``recomputed``: pi_old.
-        proximal: ``old`` (pi_prox is pi_old), ``recomputed``, or ``loglinear`` (approximated in the loss).
-    """
-
-    recompute: bool
-    old: str
-    proximal: str
-
-    @classmethod
-    def from_actor(cls, actor) -> PolicyPlan:
-        if actor.use_decoupled_loss:
-            if actor.prox_logp_method == "loglinear":
-                return cls(recompute=False, old="behavior", proximal="loglinear")
-            return cls(recompute=True, old="behavior", proximal="recomputed")
-        if actor.recompute_logprob:
-            return cls(recompute=True, old="recomputed", proximal="old")
-        return cls(recompute=False, old="behavior", proximal="old")
+from ..loss import PolicyLogprobs, PolicyPlan
+from ..metrics import Max, Mean, Metric
 
 
 @dataclass(frozen=True)
@@ -90,25 +67,27 @@ def aligned_versions(versions: torch.Tensor) -> torch.Tensor:
     return v
 
 
-def prepare(plan: PolicyPlan, data: dict, forward: Callable[[dict], torch.Tensor]) -> StepLogprobs:
-    """The step's log-probabilities: ``forward(data)`` (the current weights, ``[B, S]`` aligned) runs
-    only when the plan recomputes."""
-    behavior = shift_left(data["logprobs"], 0.0, torch.float32)
-    recomputed = forward(data) if plan.recompute else None
+def prepare(plan: PolicyPlan, logprobs: torch.Tensor, versions: torch.Tensor,
+            forward: Callable[[], torch.Tensor]) -> StepLogprobs:
+    """The step's log-probabilities from the rollout's token-aligned ``logprobs`` and ``versions``;
+    ``forward()`` (the current weights, ``[B, S]`` aligned) runs only when the plan recomputes."""
+    behavior = shift_left(logprobs, 0.0, torch.float32)
+    recomputed = forward() if plan.recompute else None
     old = recomputed if plan.old == "recomputed" else behavior
-    return StepLogprobs(behavior, recomputed, aligned_versions(data["versions"]), old)
+    return StepLogprobs(behavior, recomputed, aligned_versions(versions), old)
 
 
 def for_loss(plan: PolicyPlan, step: StepLogprobs, adv: AdvantageResult, version: int) -> PolicyLogprobs:
-    """The loss's policies: pi_old as the advantage used it (``adv.logprobs``, masked), pi_prox by the
-    plan (or the advantage's own ``extras["prox_logp"]``), versions against the current ``version``."""
+    """The loss's policies: pi_old masked by the advantage's loss mask, pi_prox by the plan (or the
+    advantage's own ``extras["prox_logp"]``), versions against the current ``version``."""
+    old = step.old.float() * adv.loss_mask
     proximal = (adv.extras or {}).get("prox_logp")
     if proximal is None:
-        proximal = {"old": adv.logprobs, "recomputed": step.recomputed, "loglinear": None}[plan.proximal]
-    return PolicyLogprobs(behavior=adv.logprobs, proximal=proximal, versions=step.versions, current_version=version)
+        proximal = {"old": old, "recomputed": step.recomputed, "loglinear": None}[plan.proximal]
+    return PolicyLogprobs(behavior=old, proximal=proximal, versions=step.versions, current_version=version)
 
 
-def policy_metrics(step: StepLogprobs, mask: torch.Tensor, version: int, max_staleness: int) -> dict[str, float]:
+def policy_metrics(step: StepLogprobs, mask: torch.Tensor, version: int, max_staleness: int) -> dict[str, Metric]:
     """Per-step distances between the policies over the trained tokens (``mask``, aligned ``[B, S]``).
 
     * ``staleness/frac_<d>`` for ``d = 0 .. max_staleness``: the share of trained tokens sampled ``d``
@@ -121,17 +100,18 @@ def policy_metrics(step: StepLogprobs, mask: torch.Tensor, version: int, max_sta
     """
     m = mask.bool() & (step.versions >= 0)
     n = m.sum()
-    out: dict[str, float] = {}
+    out: dict[str, Metric] = {}
     if int(n) == 0:
         return out
+    w = float(n)  # every value is a mean over the trained tokens: weighted by them across processes
     lag = (version - step.versions)[m].clamp_min(0).long()
     counts = torch.bincount(lag, minlength=max_staleness + 1).float() / n
     for d in range(max_staleness + 1):
-        out[f"staleness/frac_{d}"] = float(counts[d])
+        out[f"staleness/frac_{d}"] = Mean(float(counts[d]), w)
     if step.recomputed is not None:
         diff = (step.recomputed.float() - step.behavior)[m]
-        out["mismatch/abs_logp_diff"] = float(diff.abs().mean())
-        out["mismatch/abs_logp_diff/max"] = float(diff.abs().max())
-        out["mismatch/kl_k1"] = float((-diff).mean())
-        out["mismatch/kl_k3"] = float((diff.exp() - 1 - diff).mean())
+        out["mismatch/abs_logp_diff"] = Mean(float(diff.abs().mean()), w)
+        out["mismatch/abs_logp_diff/max"] = Max(float(diff.abs().max()))
+        out["mismatch/kl_k1"] = Mean(float((-diff).mean()), w)
+        out["mismatch/kl_k3"] = Mean(float((diff.exp() - 1 - diff).mean()), w)
     return out

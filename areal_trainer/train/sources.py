@@ -22,17 +22,14 @@ from typing import Any
 
 import torch
 
+from ..components.rollout import RolloutParts
 from ..config.schema import TrainerConfig
-from ..plugins import import_object
-from ..rollout.backends import make_engine, share_prefill
-from ..rollout.engine import HFEngine
+from ..dtypes import torch_dtype
+from ..rollout.backends import ENGINES, EngineSpec
 from ..rollout.staleness import StalenessManager
-from ..rollout.weights import rollout_copy
 from .async_rollout import AsyncSource
 from .collect import Batch, collect_groups
 from .lagged import LaggedSource
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class SyncSource:
@@ -66,11 +63,13 @@ class SyncSource:
 
 @dataclass
 class Rollout:
-    """The training rollout (``source`` and its ``engine``) and the evaluation workflow."""
+    """The training rollout (``source`` and its ``engine``), the evaluation workflow, and whether the
+    rollout samples from the trainer's own model object (``colocated``)."""
 
     source: Any
     engine: Any
     eval_workflow: Any
+    colocated: bool
 
 
 def rollout_mode(cfg: TrainerConfig) -> str:
@@ -80,35 +79,35 @@ def rollout_mode(cfg: TrainerConfig) -> str:
     return cfg.rollout.offpolicy_mode
 
 
-def build_rollout(cfg: TrainerConfig, *, model, tokenizer, reward, loader, device: torch.device, autocast_dtype,
-                  world_size: int, reduce_max: Callable[[int], int]) -> Rollout:
-    """Engines, workflows and the source for ``cfg`` (see the module docstring)."""
+def build_rollout(cfg: TrainerConfig, parts: RolloutParts, *, model, tokenizer, reward, loader, device: torch.device,
+                  autocast_dtype, world_size: int, reduce_max: Callable[[int], int]) -> Rollout:
+    """Engines, workflows and the source for ``cfg`` (see the module docstring). ``parts``: the engine's
+    registry entry, the workflow class and the filter, bound at start-up (``components/rollout.py``)."""
     r, mode = cfg.rollout, rollout_mode(cfg)
-    workflow_cls = import_object(r.workflow, "rollout.workflow")
 
     def workflow(engine):
-        return workflow_cls(engine=engine, tokenizer=tokenizer, reward=reward, **r.workflow_kwargs)
+        return parts.workflow(engine=engine, tokenizer=tokenizer, reward=reward, **parts.workflow_kwargs)
 
-    dtype = DTYPES.get(r.dtype) if r.dtype else None
-    if mode == "sync" and dtype is None:  # the policy samples itself (hf), or vLLM holds its own weights
-        engine = make_engine(cfg, model, tokenizer, device=device, autocast_dtype=autocast_dtype)
-        eval_workflow = train_workflow = workflow(engine)
-    else:
-        if r.backend == "vllm":
-            engine = make_engine(cfg, model, tokenizer, device=device, autocast_dtype=autocast_dtype,
-                                 interruptible=mode == "concurrent" and r.partial_rollout)
-        else:
-            engine = HFEngine(rollout_copy(model, dtype), tokenizer, device=device,
-                              autocast_dtype=None if dtype is not None else autocast_dtype,
-                              batch_size=r.generation_batch_size, stoppable=True,
-                              interruptible=mode == "concurrent" and r.partial_rollout, share_prefill=share_prefill(cfg))
-        train_workflow = workflow(engine)
-        # Evaluation measures the trained weights themselves, in the trainer's precision.
-        eval_workflow = workflow(HFEngine(model, tokenizer, device=device, autocast_dtype=autocast_dtype,
-                                          batch_size=r.generation_batch_size, share_prefill=share_prefill(cfg)))
-    common = dict(loader=loader, workflow=train_workflow, engine=engine, gconfig=cfg.gconfig,
-                  batch_size=cfg.train_dataset.batch_size // world_size,
-                  accept=import_object(r.dynamic_filter, "rollout.dynamic_filter") if r.dynamic_filter else None,
+    def engine(spec: EngineSpec, **kw):
+        return spec.make(model, tokenizer, device=device, autocast_dtype=autocast_dtype, seed=cfg.seed,
+                         dtype=torch_dtype(r.dtype), batch_size=r.generation_batch_size,
+                         share_prefill=share_prefill(cfg), **parts.engine_kwargs, **kw)
+
+    # Synchronous in the trainer's precision: the policy samples itself (or an engine holds its own weights).
+    # Otherwise the engine gets its own copy and stops at every token for weight updates and switches.
+    colocated = mode == "sync" and r.dtype is None
+    rollout_engine = engine(parts.engine, stoppable=not colocated,
+                            interruptible=mode == "concurrent" and r.partial_rollout)
+    train_workflow = workflow(rollout_engine)
+    if colocated:
+        eval_workflow = train_workflow
+    else:  # evaluation measures the trained weights themselves, in the trainer's precision
+        eval_workflow = workflow(ENGINES["hf"].make(model, tokenizer, device=device, autocast_dtype=autocast_dtype,
+                                                     seed=cfg.seed, dtype=None, batch_size=r.generation_batch_size,
+                                                     share_prefill=share_prefill(cfg), stoppable=False,
+                                                     interruptible=False))
+    common = dict(loader=loader, workflow=train_workflow, engine=rollout_engine, gconfig=cfg.gconfig,
+                  batch_size=cfg.train_dataset.batch_size // world_size, accept=parts.accept,
                   dynamic_bs=cfg.dynamic_bs, max_rounds=r.max_sampling_rounds)
     if mode == "sync":
         source = SyncSource(**common, world_size=world_size, reduce_max=reduce_max)
@@ -124,4 +123,10 @@ def build_rollout(cfg: TrainerConfig, *, model, tokenizer, reward, loader, devic
                                      max_concurrent=max(1, concurrent // world_size), count_rejected=cfg.dynamic_bs)
         source = AsyncSource(**common, staleness=staleness, queue_size=max(1, queue // world_size),
                              request_timeout=r.request_timeout)
-    return Rollout(source=source, engine=engine, eval_workflow=eval_workflow)
+    return Rollout(source=source, engine=rollout_engine, eval_workflow=eval_workflow, colocated=colocated)
+
+
+def share_prefill(cfg: TrainerConfig) -> bool:
+    """HF generation prefills a prompt once for all its samples unless shared-prefix computation is
+    switched off (``actor.enable_tree_training=false``: every row computed in full, everywhere)."""
+    return cfg.actor.enable_tree_training is not False

@@ -1,144 +1,117 @@
-"""One RL step on a collected batch: the extra forwards (proximal policy, reference policy,
-critic values), the advantage, and the policy update. Pure orchestration: the math lives in
-``advantage`` and ``loss``, the forward in ``train/logprobs.py``.
+"""One RL step, top to bottom: rollout -> extra forwards -> advantage -> updates. Pure orchestration:
+the maths lives in ``advantage/`` and ``loss/``, the models in ``policy_model.py`` and ``critic_model.py``;
+the loop around it (``loop.py``) advances the policy version, evaluates, logs and saves.
 """
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
 import torch
 
-from ..advantage import AdvantageInputs, AdvantageResult, TrajBatchMeta
-from ..loss import PolicyLogprobs, PolicyLossInputs, explained_variance, loss_normalizer, value_loss
-from ..model.prefix import GroupPrefix
-from ..rollout.batch import select_rows
-from .logprobs import forward_logprobs
-from .update import micro_batches, optimizer_steps
+from ..advantage import AdvantageInputs, TrajBatchMeta
+from ..metrics import Mean, Metric, Sum
+from ..model.prefix import group_prefix
+from . import policies
+from .batch import CriticBatch, TrainBatch, UpdateBatch
 
 
-@torch.no_grad()
-def batched_logprobs(model, batch: dict, *, temperature: float, mb_spec, autocast_dtype,
-                     prefix: GroupPrefix | None = None) -> torch.Tensor:
-    """``[B, S]`` next-token log-probabilities of ``batch`` under ``model``, micro-batch by micro-batch;
-    with ``prefix`` (the batch's prompt groups) each micro-batch's common prefixes are computed once."""
-    out = torch.zeros(batch["input_ids"].shape, dtype=torch.float32, device=batch["input_ids"].device)
-    lengths = batch["attention_mask"].sum(1).tolist()
-    for rows in micro_batches(list(range(len(lengths))), lengths, mb_spec, prefix):
-        idx = torch.tensor(rows, device=out.device)
-        sub = select_rows({"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}, idx)
-        logp, _ = forward_logprobs(model, sub["input_ids"], sub["attention_mask"], temperature=temperature,
-                                   autocast_dtype=autocast_dtype, prefix_sharing=prefix is not None)
-        out[idx, : logp.shape[1]] = logp
-    return out
+@dataclass
+class StepContext:
+    """What a step works with, built once (``run.py``): the models, the rollout source, the bound advantage,
+    loss and policy plan, the process group, and the few settings the step itself reads."""
+
+    policy: Any
+    reference: Any
+    critic: Any
+    source: Any
+    advantage: Any
+    loss: Any
+    plan: Any
+    dist: Any
+    device: torch.device
+    actor_config: Any
+    n_minibatches: int
+    critic_minibatches: int
+    max_staleness: int
 
 
-@torch.no_grad()
-def batched_values(critic, batch: dict, *, mb_spec, autocast_dtype, prefix: GroupPrefix | None = None) -> torch.Tensor:
-    """``[B, S]`` critic values of ``batch``, micro-batch by micro-batch (``prefix``: as in :func:`batched_logprobs`)."""
-    out = torch.zeros(batch["input_ids"].shape, dtype=torch.float32, device=batch["input_ids"].device)
-    lengths = batch["attention_mask"].sum(1).tolist()
-    for rows in micro_batches(list(range(len(lengths))), lengths, mb_spec, prefix):
-        idx = torch.tensor(rows, device=out.device)
-        sub = select_rows({"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}, idx)
-        out[idx, : sub["input_ids"].shape[1]] = critic(sub["input_ids"], sub["attention_mask"], autocast_dtype,
-                                                       prefix_sharing=prefix is not None)
-    return out
+@dataclass
+class StepResult:
+    """A step's metrics, the prompts it trained on, and whether every optimizer step was skipped."""
+
+    metrics: dict[str, Metric] = field(default_factory=dict)
+    prompt_ids: list[int] = field(default_factory=list)
+    all_skipped: bool = False
+    batch: TrainBatch | None = None
+    advantages: Any = None
 
 
-def critic_update(critic, optimizer, data: dict, adv: AdvantageResult, *, critic_cfg, autocast_dtype,
-                  all_reduce=None, sync_grads=None, n_minibatches: int | None = None,
-                  prefix: GroupPrefix | None = None) -> tuple[dict[str, float], int]:
-    """``critic.ppo_n_minibatches`` optimizer steps of the clipped value loss towards ``adv.returns``
-    (``prefix``: the batch's prompt groups under shared-prefix training)."""
-    batch = {"input_ids": data["input_ids"], "attention_mask": data["attention_mask"], "loss_mask": adv.loss_mask,
-             "old_values": data["values"], "returns": adv.returns}
-
-    def normalizer_of(sub: dict) -> torch.Tensor:
-        return loss_normalizer(sub["loss_mask"], "token-mean")
-
-    def loss_of(sub: dict, normalizer: torch.Tensor):
-        values = critic(sub["input_ids"], sub["attention_mask"], autocast_dtype, prefix_sharing=prefix is not None)
-        return value_loss(values, sub["old_values"], sub["returns"], sub["loss_mask"], critic_cfg.eps_clip,
-                          normalizer=normalizer)
-
-    metrics, skipped = optimizer_steps(
-        batch, model=critic, optimizer=optimizer, n_minibatches=n_minibatches or critic_cfg.ppo_n_minibatches,
-        mb_spec=critic_cfg.mb_spec, grad_clip=critic_cfg.optimizer.gradient_clipping, normalizer_of=normalizer_of,
-        loss_of=loss_of, all_reduce=all_reduce, sync_grads=sync_grads, prefix=prefix)
-    metrics = {k.replace("update/", "critic/update/"): v for k, v in metrics.items()}
-    # How well the values the advantages were computed with predicted the returns (whole batch).
-    metrics["critic/explained_variance_before_update"] = float(
-        explained_variance(data["values"], adv.returns, adv.loss_mask))
-    return metrics, skipped
-
-
-def compute_advantage(advantage_fn, data: dict, actor_cfg, group_sizes: list[int], all_reduce=None,
-                      old_logprobs: torch.Tensor | None = None) -> AdvantageResult:
-    meta = TrajBatchMeta(traj_group_sizes=tuple(group_sizes))
-    return advantage_fn(AdvantageInputs(data=data, config=actor_cfg, meta=meta, all_reduce=all_reduce,
-                                        old_logprobs=old_logprobs))
-
-
-def training_batch(data: dict, adv: AdvantageResult, policies: PolicyLogprobs) -> dict[str, torch.Tensor]:
-    """What the policy update needs, all ``[B, S]`` and next-token aligned, split by rows into
-    minibatches and micro-batches (``old_logp``/``prox_logp``/``versions`` are ``policies``' tensors)."""
-    batch = {
-        "input_ids": data["input_ids"], "attention_mask": data["attention_mask"],
-        "loss_mask": adv.loss_mask, "advantages": adv.advantages,
-        "old_logp": policies.behavior, "versions": policies.versions,
-    }
-    if policies.proximal is not None:
-        batch["prox_logp"] = policies.proximal
-    return batch
+def train_step(ctx: StepContext, version: int) -> StepResult:
+    t0 = time.time()
+    with ctx.policy.generating():
+        rollout = ctx.source.next_batch(version)
+    metrics = dict(rollout.metrics)
+    # Nothing to train on (dynamic_bs, no group accepted): every process skips the step together.
+    if ctx.dist.any(not rollout.groups):
+        return StepResult({**metrics, "update/skipped_empty_batch": Sum(1.0), "time/rollout": Mean(time.time() - t0)})
+    batch = TrainBatch.from_groups(rollout.groups, ctx.device)
+    t1 = time.time()
+    groups = group_prefix(batch.input_ids, batch.attention_mask, batch.group_sizes) if ctx.policy.share or (
+        ctx.critic is not None and ctx.critic.share) or (ctx.reference is not None and ctx.reference.share) else None
+    logps = policies.prepare(ctx.plan, batch.logprobs, batch.versions,
+                             lambda: ctx.policy.logprobs(batch.input_ids, batch.attention_mask, groups))
+    ref_logp = None if ctx.reference is None else ctx.reference.logprobs(batch.input_ids, batch.attention_mask, groups)
+    values = None if ctx.critic is None else ctx.critic.values(batch.input_ids, batch.attention_mask, groups)
+    t2 = time.time()
+    adv = ctx.advantage(AdvantageInputs(
+        data=batch.rollout_data(ref_logp=ref_logp, values=values), config=ctx.actor_config,
+        meta=TrajBatchMeta(traj_group_sizes=batch.group_sizes), all_reduce=ctx.dist.sum_fn(), old_logprobs=logps.old))
+    rows = int(ctx.dist.all_reduce(torch.tensor(batch.n_rows), "min"))  # every process runs as many steps
+    t3 = time.time()
+    update = ctx.policy.update(
+        UpdateBatch(batch.input_ids, batch.attention_mask, adv.loss_mask, adv.advantages,
+                    policies.for_loss(ctx.plan, logps, adv, version)),
+        groups, loss_fn=ctx.loss, version=version, n_minibatches=min(ctx.n_minibatches, rows),
+        all_reduce=ctx.dist.sum_fn(), sync_grads=ctx.dist.gradient_sync())
+    metrics.update(update.metrics)
+    if ctx.critic is not None:
+        metrics.update(ctx.critic.update(
+            CriticBatch(batch.input_ids, batch.attention_mask, adv.loss_mask, values, adv.returns), groups,
+            n_minibatches=min(ctx.critic_minibatches, rows), all_reduce=ctx.dist.sum_fn(),
+            sync_grads=ctx.dist.gradient_sync()).metrics)
+    metrics.update(policies.policy_metrics(logps, adv.loss_mask, version, ctx.max_staleness))
+    metrics.update(rollout_metrics(batch, adv))
+    t4 = time.time()
+    metrics.update({"time/rollout": Mean(t1 - t0), "time/logprobs": Mean(t2 - t1), "time/advantage": Mean(t3 - t2),
+                    "time/update": Mean(t4 - t3)})
+    return StepResult(metrics, rollout.prompt_ids, update.all_skipped, batch, adv)
 
 
-def policy_update(model, optimizer, batch: dict, *, loss_fn, actor_cfg, version: int, autocast_dtype,
-                  all_reduce=None, sync_grads=None, n_minibatches: int | None = None,
-                  prefix: GroupPrefix | None = None) -> tuple[dict[str, float], int]:
-    """``actor.ppo_n_minibatches`` optimizer steps of the policy; returns (metrics, skipped steps).
-    ``prefix``: the batch's prompt groups under shared-prefix training."""
-
-    def normalizer_of(sub: dict) -> torch.Tensor:
-        return loss_normalizer(sub["loss_mask"], actor_cfg.loss_agg_mode)
-
-    def loss_of(sub: dict, normalizer: torch.Tensor):
-        logp, entropy = forward_logprobs(model, sub["input_ids"], sub["attention_mask"],
-                                         temperature=actor_cfg.temperature, with_entropy=True,
-                                         autocast_dtype=autocast_dtype, prefix_sharing=prefix is not None)
-        policies = PolicyLogprobs(behavior=sub["old_logp"], proximal=sub.get("prox_logp"),
-                                  versions=sub["versions"], current_version=version)
-        inputs = PolicyLossInputs(logprobs=logp, policies=policies, advantages=sub["advantages"],
-                                  loss_mask=sub["loss_mask"], entropy=entropy)
-        result = loss_fn(inputs, normalizer=normalizer)
-        return result.loss, result.stats
-
-    opt_cfg = actor_cfg.optimizer
-    return optimizer_steps(batch, model=model, optimizer=optimizer,
-                           n_minibatches=n_minibatches or actor_cfg.ppo_n_minibatches, mb_spec=actor_cfg.mb_spec,
-                           grad_clip=opt_cfg.gradient_clipping, normalizer_of=normalizer_of, loss_of=loss_of,
-                           all_reduce=all_reduce, sync_grads=sync_grads, prefix=prefix)
-
-
-def rollout_metrics(data: dict, adv: AdvantageResult) -> dict[str, float]:
-    """Per-step statistics of the sampled batch and its advantages."""
-    answer_len = data["loss_mask"].sum(1).float()
-    rewards = data["rewards"].float()
+def rollout_metrics(batch: TrainBatch, adv) -> dict[str, Metric]:
+    """Per-step statistics of the sampled batch and its advantages (means over rows or trained tokens)."""
+    answer_len = batch.loss_mask.sum(1).float()
+    rewards = batch.rewards.float()
     m = adv.loss_mask.bool()
+    n_rows, n_tok = float(rewards.numel()), float(m.sum())
     out = {
-        "reward/task": float(rewards.mean()),
-        "reward/correct_frac": float((rewards > 0).float().mean()),
-        "rollout/answer_len": float(answer_len.mean()),
-        "rollout/seq_len": float(data["attention_mask"].sum(1).float().mean()),
-        "rollout/truncated_frac": float(data["is_truncated"].float().mean()),
-        "rollout/rows": float(rewards.numel()),
-        "advantage/mean": float(adv.advantages[m].mean()) if m.any() else 0.0,
-        "advantage/abs_mean": float(adv.advantages[m].abs().mean()) if m.any() else 0.0,
-        "advantage/kl_reward": float(adv.kl_rewards[m].mean()) if m.any() else 0.0,
+        "reward/task": Mean(float(rewards.mean()), n_rows),
+        "reward/correct_frac": Mean(float((rewards > 0).float().mean()), n_rows),
+        "rollout/answer_len": Mean(float(answer_len.mean()), n_rows),
+        "rollout/seq_len": Mean(float(batch.attention_mask.sum(1).float().mean()), n_rows),
+        "rollout/truncated_frac": Mean(float(batch.is_truncated.float().mean()), n_rows),
+        "rollout/rows": Sum(n_rows),
+        "advantage/mean": Mean(float(adv.advantages[m].mean()) if m.any() else 0.0, n_tok),
+        "advantage/abs_mean": Mean(float(adv.advantages[m].abs().mean()) if m.any() else 0.0, n_tok),
+        "advantage/kl_reward": Mean(float(adv.kl_rewards[m].mean()) if m.any() else 0.0, n_tok),
     }
-    if "num_turns" in data:
-        out["rollout/num_turns"] = float(data["num_turns"].float().mean())
+    if batch.num_turns is not None:
+        out["rollout/num_turns"] = Mean(float(batch.num_turns.float().mean()), n_rows)
     correct = rewards > 0
     if correct.any():
-        out["rollout/correct_answer_len"] = float(answer_len[correct].mean())
+        out["rollout/correct_answer_len"] = Mean(float(answer_len[correct].mean()), float(correct.sum()))
     if (~correct).any():
-        out["rollout/incorrect_answer_len"] = float(answer_len[~correct].mean())
+        out["rollout/incorrect_answer_len"] = Mean(float(answer_len[~correct].mean()), float((~correct).sum()))
     return out

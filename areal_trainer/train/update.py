@@ -15,14 +15,44 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from .. import fsdp
 from ..config.parts import MicroBatchSpec
-from ..loss.stats import reduce_stats
+from ..loss.stats import Reduction, count_key, reduce_stats, reduction_of
+from ..metrics import Max, Mean, Metric, Min, Sum
 from ..model.prefix import GroupPrefix, count_tree_tokens
-from ..rollout.batch import select_rows
+
+
+@dataclass(frozen=True)
+class UpdateResult:
+    """What an update did: its metrics, the optimizer steps it ran and how many of them were skipped
+    (a non-finite loss or gradient norm)."""
+
+    metrics: dict[str, Metric] = field(default_factory=dict)
+    n_steps: int = 0
+    n_skipped: int = 0
+
+    @property
+    def all_skipped(self) -> bool:
+        """Every optimizer step of the update was skipped (the weights did not change)."""
+        return self.n_steps > 0 and self.n_skipped == self.n_steps
+
+
+def typed_stats(stats: dict[str, torch.Tensor]) -> dict[str, Metric]:
+    """The loss's step statistics (reduced over micro-batches by the loss's own table, ``loss/stats.py``)
+    as metrics carrying the same reduction across processes."""
+    out: dict[str, Metric] = {}
+    for key, value in stats.items():
+        how, v = reduction_of(key, stats), float(value)
+        if how is Reduction.TOKEN_MEAN:
+            out[key] = Mean(v, weight=float(stats[count_key(key)]))
+        else:
+            out[key] = {Reduction.MIN: Min, Reduction.MAX: Max, Reduction.SUM: Sum, Reduction.MEAN: Mean}[how](v)
+    return out
 
 
 def balanced_partition(sizes: list[int], n: int) -> list[list[int]]:
@@ -83,14 +113,15 @@ def micro_batches(rows: list[int], lengths: list[int], spec: MicroBatchSpec,
     return [[r for i in p for r in units[i]] for p in parts]
 
 
-def optimizer_steps(batch: dict[str, torch.Tensor], *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+def optimizer_steps(batch: Any, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                     n_minibatches: int, mb_spec: MicroBatchSpec, grad_clip: float,
-                    normalizer_of: Callable[[dict], torch.Tensor],
-                    loss_of: Callable[[dict, torch.Tensor], tuple[torch.Tensor, dict]],
+                    normalizer_of: Callable[[Any], torch.Tensor],
+                    loss_of: Callable[[Any, torch.Tensor], tuple[torch.Tensor, dict]],
                     all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
                     sync_grads: Callable[[list], None] | None = None,
-                    prefix: GroupPrefix | None = None) -> tuple[dict[str, float], int]:
-    """Run ``n_minibatches`` optimizer steps over ``batch``; returns (metrics, number of skipped steps).
+                    prefix: GroupPrefix | None = None, name: str = "update") -> UpdateResult:
+    """Run ``n_minibatches`` optimizer steps (at most one per row) over ``batch`` (a typed batch with
+    ``input_ids``, ``attention_mask`` and ``select(rows)``, ``train/batch.py``).
 
     ``normalizer_of(micro)`` gives a micro-batch's share of the loss normaliser; ``loss_of(micro,
     normalizer)`` its loss (already divided by the step's global normaliser) and metrics.
@@ -98,26 +129,28 @@ def optimizer_steps(batch: dict[str, torch.Tensor], *, model: torch.nn.Module, o
     micro-batch's common prefixes once). Minibatches are the same with or without it (balanced
     rows, so sharing does not change what each optimizer step sees); micro-batches keep a
     minibatch's rows of one group together.
-    ``update/tokens``: real tokens of the batch; ``update/tokens_computed``: tokens its forwards computed.
+    Metrics are named ``<name>/...``: ``tokens`` (real tokens of the batch), ``tokens_computed`` (tokens its
+    forwards computed), ``loss``, ``grad_norm``, ``skipped_steps``; and the loss's own statistics.
     """
-    lengths = batch["attention_mask"].sum(1).tolist()
+    lengths = batch.attention_mask.sum(1).tolist()
     micro_stats: list[dict] = []
     norms, losses = [], []
     skipped, computed = 0, 0
     params = [p for p in model.parameters() if p.requires_grad]
     sharded = fsdp.is_sharded(model)
-    for rows in balanced_partition(lengths, n_minibatches):
+    minibatches = balanced_partition(lengths, n_minibatches)
+    for rows in minibatches:
         micros = [torch.tensor(m) for m in micro_batches(rows, lengths, mb_spec, prefix)]
-        subs = [select_rows(batch, m) for m in micros]
-        computed += sum(count_tree_tokens(s["input_ids"], s["attention_mask"]) if prefix is not None
-                        else int(s["attention_mask"].sum()) for s in subs)
+        subs = [batch.select(m) for m in micros]
+        computed += sum(count_tree_tokens(s.input_ids, s.attention_mask) if prefix is not None
+                        else int(s.attention_mask.sum()) for s in subs)
         normalizer = sum(normalizer_of(s) for s in subs)
         if all_reduce is not None:
             normalizer = all_reduce(normalizer.clone())
         # FSDP2: each forward/backward is a collective; agree on their number before running any
         n_pad = fsdp.max_over_ranks(len(subs)) - len(subs) if sharded else 0
         optimizer.zero_grad(set_to_none=True)
-        total = torch.zeros((), device=batch["input_ids"].device)
+        total = torch.zeros((), device=batch.input_ids.device)
         for sub in subs:
             loss, stats = loss_of(sub, normalizer)
             loss.backward()
@@ -135,10 +168,12 @@ def optimizer_steps(batch: dict[str, torch.Tensor], *, model: torch.nn.Module, o
             optimizer.step()
         norms.append(norm.detach().float())
         losses.append(total)
-    metrics = {k: float(v) for k, v in reduce_stats(micro_stats).items()}
-    metrics["update/grad_norm"] = float(torch.stack(norms).mean())
-    metrics["update/loss"] = float(torch.stack(losses).mean())
-    metrics["update/skipped_steps"] = float(skipped)
-    metrics["update/tokens"] = float(sum(lengths))
-    metrics["update/tokens_computed"] = float(computed)
-    return metrics, skipped
+    metrics = typed_stats(reduce_stats(micro_stats))
+    metrics.update({
+        f"{name}/grad_norm": Mean(float(torch.stack(norms).mean())),  # of the summed gradient: one value for all ranks
+        f"{name}/loss": Sum(float(torch.stack(losses).mean())),  # each process's share of the global loss
+        f"{name}/skipped_steps": Max(float(skipped)),  # every process skips the same steps
+        f"{name}/tokens": Sum(float(sum(lengths))),
+        f"{name}/tokens_computed": Sum(float(computed)),
+    })
+    return UpdateResult(metrics, len(minibatches), skipped)

@@ -1,12 +1,13 @@
 """Binding the actor's policy-loss settings to the loss's stages, once, at start-up.
 
-``bind_policy_loss(actor_cfg)`` reads AReaL's keys (``eps_clip``, ``use_sapo_loss``,
-``rejection_sampling``, ...) and ``actor.loss`` and returns the callable the update uses:
+``bind_policy_loss(actor_cfg)`` reads AReaL's keys (``eps_clip``, ``rejection_sampling``, ...) and
+``actor.loss`` and returns the callable the update uses:
 
-* ``actor.loss.surrogate.implementation``: ``auto`` (``sapo`` with ``use_sapo_loss``, else ``clip``),
-  a built-in name (``loss.surrogate.SURROGATES``) or an import path ``package.module.function`` of a
-  ``fn(SurrogateInputs, **kwargs) -> SurrogateResult`` (its kwargs from ``actor.loss.surrogate.kwargs``).
-  A built-in reads its settings from the ``actor`` keys named like its keyword arguments.
+* the surrogate is the one ``config/areal_keys.surrogate_choice`` picks from ``actor.loss.surrogate``,
+  ``use_sapo_loss`` and ``use_cispo_loss``: a built-in name (``loss.surrogate.SURROGATES``) or an import
+  path ``package.module.function`` of a ``fn(SurrogateInputs, **kwargs) -> SurrogateResult`` (its kwargs
+  from ``actor.loss.surrogate.kwargs``). A built-in reads its settings from the ``actor`` keys named like
+  its keyword arguments.
 * ``actor.loss.compute.implementation``: ``default`` (the staged loss), or an import path of a whole
   ``fn(PolicyLossInputs, *, normalizer, **kwargs) -> PolicyLossResult``.
 
@@ -23,8 +24,17 @@ from typing import Any
 
 import torch
 
+from ..config.areal_keys import surrogate_choice
 from ..errors import ConfigError, UserError, one_of
-from ..loss import SURROGATES, BoundSurrogate, PolicyLoss, PolicyLossResult, RejectionSettings, Surrogate
+from ..loss import (
+    SURROGATES,
+    BoundSurrogate,
+    PolicyLoss,
+    PolicyLossResult,
+    PolicyPlan,
+    RejectionSettings,
+    Surrogate,
+)
 from ..loss.aggregate import aggregation_problems
 from ..loss.m2po import m2po_problems
 from ..plugins import PluginError, resolve
@@ -36,32 +46,27 @@ def _settings(fn: Callable, actor) -> dict[str, Any]:
     return {n: getattr(actor, n) for n in names}
 
 
-def _surrogate_name(actor) -> str:
-    stage = actor.loss.surrogate
-    impl = "auto" if stage is None else stage.implementation
-    if impl == "auto":
-        return "sapo" if actor.use_sapo_loss else "clip"
-    return impl
-
-
 def policy_loss_problems(key: str, actor) -> list[str]:
     """The rules of the policy loss on an actor config (without importing user functions). The settings
     of every built-in surrogate are ``actor`` keys and are checked whichever surrogate is chosen."""
     p = m2po_problems(key, m2_threshold=actor.m2_threshold)
+    # Surrogates may share a rule (clip and CISPO read the same clip range): each rule runs once.
+    rules: dict = {}
     for spec in SURROGATES.values():
         if spec.problems is not None:
-            p += [x for x in spec.problems(key, **_settings(spec.fn, actor)) if x not in p]
+            rules.setdefault(spec.problems, spec.fn)
+    for rule, fn in rules.items():
+        p += rule(key, **_settings(fn, actor))
     p += aggregation_problems(key, loss_agg_mode=actor.loss_agg_mode, max_new_tokens=actor.max_new_tokens)
     stage, compute = actor.loss.surrogate, actor.loss.compute
     replaced = compute is not None and compute.implementation != "default"
     if replaced and stage is not None:
         p.append(f"{key}.loss.compute.implementation={compute.implementation!r} replaces the whole policy loss and "
                  f"cannot be combined with {key}.loss.surrogate; set it to null.")
-    name = _surrogate_name(actor)
-    if stage is not None and stage.implementation not in ("auto", "sapo") and actor.use_sapo_loss:
-        p.append(f"{key}.use_sapo_loss=true conflicts with {key}.loss.surrogate.implementation={name!r}; "
-                 f"set {key}.use_sapo_loss=false, or the surrogate to sapo.")
-    if "." in name:
+    choice, conflicts = surrogate_choice(actor, key)
+    p += conflicts
+    name = choice.name
+    if choice.is_path:
         return p
     if name not in SURROGATES:
         return p + one_of(f"{key}.loss.surrogate.implementation", name, ("auto", *SURROGATES),
@@ -72,8 +77,11 @@ def policy_loss_problems(key: str, actor) -> list[str]:
         p.append(f"{key}.loss.surrogate.kwargs: the built-in {name!r} reads its settings from {settings}; set those "
                  "instead (kwargs are for surrogates given by import path).")
     if actor.use_decoupled_loss and not spec.decoupled:
-        what = f"{key}.use_sapo_loss: SAPO" if name == "sapo" else f"{key}.loss.surrogate {name!r}"
+        what = f"{choice.key}: {name.upper()}" if choice.key.endswith("_loss") else f"{key}.loss.surrogate {name!r}"
         p.append(f"{what} is not compatible with use_decoupled_loss=true; set {key}.use_decoupled_loss=false.")
+    if name == "cispo" and actor.importance_sampling_level != "token":
+        p.append(f"{choice.key}: CISPO weights each token by its own ratio; it needs "
+                 f"{key}.importance_sampling_level=token (got {actor.importance_sampling_level!r}).")
     return p
 
 
@@ -85,10 +93,11 @@ def bind_policy_loss(actor, key: str = "actor") -> Callable[..., PolicyLossResul
         fn = _resolve(compute.implementation, f"{key}.loss.compute.implementation", compute.kwargs, problems,
                       n_positional=1, extra={"normalizer": None})
         if problems:
-            raise ConfigError(list(dict.fromkeys(problems)))
+            raise ConfigError(problems)
         return CheckedLoss(fn, dict(compute.kwargs), f"{key}.loss.compute.implementation ({compute.implementation})")
-    name = _surrogate_name(actor)
-    if "." in name:
+    choice, _ = surrogate_choice(actor, key)
+    name = choice.name
+    if choice.is_path:
         stage = actor.loss.surrogate
         fn = _resolve(name, f"{key}.loss.surrogate.implementation", stage.kwargs, problems, n_positional=1)
         surrogate = BoundSurrogate(name, Surrogate(_checked_surrogate(fn, f"{key}.loss.surrogate ({name})")),
@@ -96,13 +105,24 @@ def bind_policy_loss(actor, key: str = "actor") -> Callable[..., PolicyLossResul
     elif name in SURROGATES:
         surrogate = BoundSurrogate(name, SURROGATES[name], _settings(SURROGATES[name].fn, actor))
     if problems:
-        raise ConfigError(list(dict.fromkeys(problems)))
+        raise ConfigError(problems)
     return PolicyLoss(
         surrogate=surrogate, importance_sampling_level=actor.importance_sampling_level,
         use_decoupled_loss=bool(actor.use_decoupled_loss), rejection=_rejection(actor),
         m2_threshold=None if actor.m2_threshold is None else float(actor.m2_threshold),
         prox_logp_method=actor.prox_logp_method, loss_agg_mode=actor.loss_agg_mode,
         max_new_tokens=int(actor.max_new_tokens))
+
+
+def policy_plan(actor) -> PolicyPlan:
+    """Which log-probabilities a step computes (``train/policies.py`` has the table)."""
+    if actor.use_decoupled_loss:
+        if actor.prox_logp_method == "loglinear":
+            return PolicyPlan(recompute=False, old="behavior", proximal="loglinear")
+        return PolicyPlan(recompute=True, old="behavior", proximal="recomputed")
+    if actor.recompute_logprob:
+        return PolicyPlan(recompute=True, old="recomputed", proximal="old")
+    return PolicyPlan(recompute=False, old="behavior", proximal="old")
 
 
 def _rejection(actor) -> RejectionSettings | None:

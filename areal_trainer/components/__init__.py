@@ -1,0 +1,124 @@
+"""Build once: a configuration bound to every component the trainer uses, checked in one round.
+
+``build(cfg) -> Components`` runs the schema's rules (``config/validate.py``) and binds every plugin and
+rule exactly once: the reward function, the workflow, the dynamic filter, the engine from the registry,
+the advantage stages with their frozen settings, the policy loss, the policy plan. It loads no model
+and no data, and raises one ``ConfigError`` listing every problem, each naming its key, the value and
+the fix. Validation *is* this building; the trainer receives what was built and resolves nothing again.
+
+``load("grpo", ["actor.eps_clip=0.3"])`` composes the config (as the command line does) and builds it.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from hydra.errors import HydraException
+from omegaconf.errors import OmegaConfBaseException
+
+from ..advantage import AdvantageFn
+from ..config.base import ConfigError
+from ..config.data import DatasetConfig
+from ..config.loader import compose_dict, convert
+from ..config.overrides import normalize_overrides, split_overrides
+from ..config.schema import TrainerConfig
+from ..config.validate import collect
+from ..loss import PolicyPlan
+from ..plugins import PluginError, resolve
+from .advantage import bind_advantage
+from .loss import bind_policy_loss, policy_plan
+from .rollout import RolloutParts, bind_rollout
+
+
+@dataclass(frozen=True)
+class Components:
+    """A configuration and everything bound from it (see the module docstring).
+
+    Attributes:
+        config: the validated configuration (scalar settings the trainer reads directly).
+        advantage: the advantage computation (stages and settings bound).
+        loss: the policy loss (``PolicyLoss``, or a user's whole loss, checked at every call).
+        plan: which log-probabilities a step computes (behaviour, proximal, recomputed).
+        reward_fn: the reward function ``reward.fn`` names.
+        rollout: the engine's registry entry, the workflow class and the dynamic filter.
+        valid_dataset: ``valid_dataset`` with train_dataset's prompt keys where its own are null, or None.
+        warnings: what the checks found worth saying (issued by :func:`build` as ``UserWarning``).
+    """
+
+    config: TrainerConfig
+    advantage: AdvantageFn
+    loss: Callable
+    plan: PolicyPlan
+    reward_fn: Callable
+    rollout: RolloutParts
+    valid_dataset: DatasetConfig | None
+    warnings: tuple[str, ...] = field(default_factory=tuple)
+
+
+def _bind(fn: Callable, *args, problems: list[str]):
+    try:
+        return fn(*args)
+    except (ConfigError, PluginError) as e:
+        problems += getattr(e, "problems", [str(e)])
+        return None
+
+
+def problems_and_build(cfg: TrainerConfig) -> tuple[list[str], list[str], Components | None]:
+    """Every problem and warning of ``cfg``, and its components when there is no problem."""
+    problems, warns = collect(cfg)
+    reward_fn = _bind(resolve, cfg.reward.fn, "reward.fn", cfg.reward.kwargs, 3, problems=problems)
+    rollout = bind_rollout(cfg, problems)
+    advantage = _bind(bind_advantage, cfg.actor, problems=problems)
+    loss = _bind(bind_policy_loss, cfg.actor, problems=problems)
+    if problems:
+        return problems, warns, None
+    valid = cfg.valid_dataset.inheriting(cfg.train_dataset) if cfg.valid_dataset is not None else None
+    return [], warns, Components(cfg, advantage, loss, policy_plan(cfg.actor), reward_fn, rollout, valid,
+                                 tuple(warns))
+
+
+def build(cfg: TrainerConfig) -> Components:
+    """Bind ``cfg`` (see the module docstring); raises ``ConfigError`` listing every problem."""
+    problems, warns, components = problems_and_build(cfg)
+    if problems:
+        raise ConfigError(problems)
+    for w in warns:
+        warnings.warn(w, UserWarning, stacklevel=2)
+    return components
+
+
+def load(config_name: str = "config", overrides: Sequence[str] = ()) -> Components:
+    """Compose ``conf/<config_name>.yaml`` with ``overrides`` and build it, reporting every problem at once."""
+    problems = override_problems(config_name, overrides)
+    if problems:
+        raise ConfigError(problems)
+    return build(convert(compose_dict(config_name, normalize_overrides(list(overrides)))))
+
+
+def load_config(config_name: str = "config", overrides: Sequence[str] = ()) -> TrainerConfig:
+    """The validated configuration of :func:`load` (for reading settings; ``build`` it to train)."""
+    return load(config_name, overrides).config
+
+
+def override_problems(config_name: str | None, overrides: Sequence[str]) -> list[str]:
+    """Unknown keys and wrong types of ``overrides`` and, when there are any, every problem of the config
+    ``config_name`` composed with those overrides left out, so that one round reports them all
+    (``config_name=None``: only the overrides' own problems). Composing creates no run directory."""
+    problems, usable = split_overrides(normalize_overrides(list(overrides)))
+    if not problems or config_name is None:
+        return problems
+    usable = [a for a in usable if not a.lstrip("+~").startswith("hydra")]  # Hydra's own settings do not matter
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # they are shown once the config is run
+            problems += problems_and_build(convert(compose_dict(config_name, usable)))[0]
+    except ConfigError as e:
+        problems += e.problems
+    except (HydraException, OmegaConfBaseException) as e:
+        problems.append(str(e).strip())
+    return problems
+
+
+__all__ = ["Components", "build", "load", "load_config", "override_problems"]

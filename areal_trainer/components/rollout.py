@@ -1,0 +1,88 @@
+"""Binding ``rollout.*`` once: the engine from the registry (with the rules its capabilities imply), the
+workflow class, and the dynamic filter."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import one_of
+from ..plugins import PluginError, check_signature, resolve
+from ..rollout.backends import ENGINES, EngineSpec
+
+
+@dataclass(frozen=True)
+class RolloutParts:
+    """What ``rollout.*`` names, resolved: the engine's registry entry, the workflow class with its kwargs,
+    and the dynamic filter (or None)."""
+
+    engine: EngineSpec
+    engine_kwargs: dict[str, Any]
+    workflow: type
+    workflow_kwargs: dict[str, Any] = field(default_factory=dict)
+    accept: Callable | None = None
+
+
+def bind_rollout(cfg, problems: list[str]) -> RolloutParts | None:
+    """The rollout's parts; every problem is appended to ``problems`` (None when there were any)."""
+    r = cfg.rollout
+    n = len(problems)
+    engine = _engine(cfg, problems)
+    workflow = _workflow(r.workflow, r.workflow_kwargs, problems)
+    accept = None
+    if r.dynamic_filter is not None:
+        try:
+            accept = resolve(r.dynamic_filter, "rollout.dynamic_filter")
+        except PluginError as e:
+            problems.append(str(e))
+    if len(problems) > n:
+        return None
+    kwargs = dict(r.vllm_kwargs) if engine.extra_kwargs_key == "rollout.vllm_kwargs" else {}
+    return RolloutParts(engine, kwargs, workflow, dict(r.workflow_kwargs), accept)
+
+
+def _engine(cfg, problems: list[str]) -> EngineSpec | None:
+    r = cfg.rollout
+    name = r.backend
+    if name not in ENGINES:
+        problems += one_of("rollout.backend", name, tuple(ENGINES))
+        return None
+    spec = ENGINES[name]
+    if cfg.parallel.fsdp and not spec.supports_fsdp:
+        problems.append(f"rollout.backend={name} does not support a policy sharded with FSDP2 (parallel.fsdp=true) "
+                        f"yet; use rollout.backend={_able('supports_fsdp')}, or parallel.fsdp=false.")
+    lagged = r.max_head_offpolicyness > 0 and r.offpolicy_mode == "lagged"
+    if lagged and r.lagged_switch_prob > 0 and not spec.can_switch_mid_call:
+        problems.append(f"rollout.lagged_switch_prob > 0 needs a backend that can switch weights inside a generation "
+                        f"call, which rollout.backend={name} cannot. Use rollout.backend={_able('can_switch_mid_call')} "
+                        "or rollout.lagged_switch_prob=0.")
+    return spec
+
+
+def _able(flag: str) -> str:
+    return " or ".join(n for n, s in ENGINES.items() if getattr(s, flag))
+
+
+def _workflow(path: str, kwargs: dict, problems: list[str]) -> type | None:
+    """A workflow class is built as ``cls(engine=..., tokenizer=..., reward=..., **rollout.workflow_kwargs)``
+    and offers ``rollout(samples, gconfig)`` (the ``Workflow`` protocol)."""
+    try:
+        cls = resolve(path, "rollout.workflow", {"engine": None, "tokenizer": None, "reward": None, **kwargs},
+                      n_positional=0)
+    except PluginError as e:
+        problems.append(str(e))
+        return None
+    fn = getattr(cls, "rollout", None)
+    if not callable(fn):
+        problems.append(f"rollout.workflow: {path!r} has no rollout(samples, gconfig) method; a workflow returns one "
+                        "trajectory group per prompt from it (see areal_trainer.rollout.types.Workflow).")
+        return None
+    try:
+        check_signature(fn, "rollout.workflow", {}, n_positional=3)  # self, samples, gconfig
+    except PluginError:
+        problems.append(f"rollout.workflow: {path}.rollout must take (samples, gconfig); it is {fn.__qualname__}"
+                        f"{inspect.signature(fn)}.")
+        return None
+    return cls

@@ -1,0 +1,110 @@
+"""Bookkeeping around the training: checkpoints (``saver``, ``recover``), evaluation (``evaluator``), metrics
+(``stats_logger``) and the supervised warm start (``sft_warmup``)."""
+
+from dataclasses import dataclass, field
+
+from .base import Checked, one_of
+
+
+@dataclass
+class _Freq(Checked):
+    freq_epochs: int | None = None
+    """At the end of every this many epochs (null: not by epochs)."""
+    freq_steps: int | None = None
+    """After every this many training steps (null: not by steps)."""
+    freq_secs: float | None = None
+    """After a step, when at least this many seconds have passed since the last time (null: not by time)."""
+
+    def check(self, key: str) -> list[str]:
+        return [f"{key}.{n}: got {getattr(self, n)}; must be > 0 or null."
+                for n in ("freq_epochs", "freq_steps", "freq_secs")
+                if getattr(self, n) is not None and not getattr(self, n) > 0]
+
+
+@dataclass
+class SaverConfig(_Freq):
+    """Checkpoints (weights, optimizer, LR schedule, data position, RNG), written atomically."""
+
+    keep_last: int = 2
+    """Keep only this many newest checkpoints (older ones are deleted after a new one is complete)."""
+
+
+@dataclass
+class EvaluatorConfig(_Freq):
+    """Held-out evaluation on ``valid_dataset`` with ``eval_gconfig``."""
+
+    eval_before_train: bool = False
+    """Also evaluate once before the first training step (the run always evaluates after the last one)."""
+
+
+@dataclass
+class RecoverConfig(_Freq):
+    """Resume: ``auto``/``on`` resume from the newest complete checkpoint of the run directory."""
+
+    mode: str = "disabled"
+    """``auto`` or ``on``: resume; ``disabled`` or ``off``: start fresh, and refuse a run directory that
+    already holds checkpoints. Its ``freq_*`` keys write checkpoints too, like ``saver``'s."""
+    retries: int = 3
+    """AReaL's automatic restarts; ignored here (restart the command with ``mode=auto``)."""
+
+    def check(self, key: str) -> list[str]:
+        return super().check(key) + one_of(f"{key}.mode", self.mode, ("on", "auto", "off", "disabled"))
+
+
+@dataclass
+class WandbConfig(Checked):
+    """Weights & Biases logging of the metrics (``wandb.init`` settings); the run is named <experiment_name>/<trial_name>."""
+
+    mode: str = "offline"
+    """``offline`` (default; never touches the network), ``online``, or ``disabled``."""
+    project: str = "areal_trainer"
+    """W&B project of the runs."""
+    entity: str | None = None
+    """W&B user or team (null: the default entity of the login)."""
+    tags: list[str] = field(default_factory=list)
+    """Tags of the W&B run."""
+
+    def check(self, key: str) -> list[str]:
+        return one_of(f"{key}.mode", self.mode, ("offline", "online", "disabled"))
+
+
+@dataclass
+class StatsLoggerConfig(Checked):
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    progress_bar: bool = True
+    plot: bool = True
+    """Write ``curves.png`` (reward and held-out accuracy) into the run directory at the end."""
+    samples_per_step: int = 4
+    """Sampled trajectories appended to ``samples.jsonl`` (and a wandb table) each step, 0 disables:
+    the first answer of each prompt group in batch order, then the second answers, ... (no randomness).
+    Each record holds the prompt and completion text, the reward, the advantage (the mean over the
+    row's loss tokens), the answer length and the policy versions of the sampled tokens."""
+
+    def check(self, key: str) -> list[str]:
+        v = self.samples_per_step
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            return [f"{key}.samples_per_step: got {v!r}; must be an integer >= 0 (0 writes no samples.jsonl)."]
+        return []
+
+
+@dataclass
+class SFTWarmupConfig(Checked):
+    """Supervised warm start on the training set's reference answers, run before RL."""
+
+    steps: int | None = None
+    """null = only for built-in (randomly initialised) models; 0 disables."""
+    lr: float = 3e-3
+    """Peak learning rate of the warm start (AdamW, cosine decay to a tenth)."""
+    batch_size: int = 32
+    """Rows (prompt + reference answer) per warm-start step, drawn at random with replacement."""
+    warmup_steps: int = 20
+    """Steps of linear learning-rate warm-up."""
+    cache: bool = True
+    """Reuse the result of an identical earlier warm start (same model, data, settings, seed and code),
+    stored under ``$AREAL_TRAINER_CACHE`` (default ``~/.cache/areal_trainer``)."""
+
+    def check(self, key: str) -> list[str]:
+        if self.steps is not None and self.steps < 0:
+            return [f"{key}.steps: got {self.steps}; must be >= 0 or null."]
+        return []
+

@@ -1,0 +1,112 @@
+"""The prompt datasets (``train_dataset``, ``valid_dataset``): where the rows come from, their columns, and
+how a row becomes the prompt. Key names follow AReaL's ``DatasetConfig`` where AReaL has the key."""
+
+import dataclasses
+import string
+from dataclasses import dataclass
+
+from .base import Checked, at_least_one, one_of
+
+
+@dataclass
+class DatasetConfig(Checked):
+    """A prompt dataset: ``builtin:arith`` (generated offline), a HF hub id, or a local jsonl/parquet file."""
+
+    path: str = "builtin:arith"
+    """``builtin:arith``, a HF hub dataset id, or a local ``.jsonl``/``.json``/``.parquet``/``.csv`` file."""
+    name: str | None = None
+    """HF dataset config name (``main`` for openai/gsm8k)."""
+    split: str = "train"
+    """Split to load from a HF dataset (``builtin:arith`` has ``train`` and ``test``); a local file is one split."""
+    type: str = "rl"
+    """AReaL's dataset type; only ``rl`` (prompts with reference answers) is supported."""
+    batch_size: int = 8
+    """Prompts per step (each sampled gconfig.n_samples times)."""
+    shuffle: bool = True
+    """Training prompts come in a new seeded order every epoch (false: file order)."""
+    drop_last: bool = True
+    """An epoch uses only whole batches, leaving out the remainder of the prompts (false: every prompt is
+    used and the last batch is completed from the next epoch)."""
+    max_length: int | None = None
+    """Drop prompts whose user message (the question in ``prompt_template``, then ``prompt_suffix``) is longer
+    than this many tokens."""
+    max_rows: int | None = None
+    """Use at most this many rows (for builtin:arith: how many problems to generate)."""
+    question_key: str = "question"
+    """Field of a row that holds the question (the prompt)."""
+    answer_key: str = "answer"
+    """Field of a row that holds the reference answer given to the reward function."""
+    system_prompt: str | None = None
+    """System message before every question, rendered by the tokenizer's chat template (null: none;
+    valid_dataset: null = train_dataset's, '' = none). It takes no placeholders: write literal braces as
+    ``{{`` and ``}}``. A tokenizer whose chat template has no system role is reported when the data is built."""
+    prompt_template: str | None = None
+    """The user message, with ``{question}`` where the row's question goes (null: ``{question}``, the
+    question alone; valid_dataset: null = train_dataset's). Literal braces are written ``{{`` and ``}}``."""
+    prompt_suffix: str | None = None
+    """The answer-format instruction, appended verbatim to the user message (null: the task's own, nothing for
+    builtin:arith, whose warm start teaches ``#### n``, and ``\\nPlease put your final answer within
+    \\boxed{}.`` for other data; valid_dataset: null = train_dataset's; '' = none)."""
+
+    def check(self, key: str) -> list[str]:
+        if self.type == "sft":
+            p = [f"{key}.type: 'sft' datasets (supervised fine-tuning) are not supported here; the trainer does RL "
+                 "on prompts (type 'rl'). Its supervised warm start is configured under sft_warmup."]
+        else:
+            p = one_of(f"{key}.type", self.type, ("rl",))
+        p += at_least_one(f"{key}.batch_size", self.batch_size)
+        for name in ("max_length", "max_rows"):
+            p += at_least_one(f"{key}.{name}", getattr(self, name), nullable=True)
+        return p + self.prompt_problems(key)
+
+    def prompt_problems(self, key: str) -> list[str]:
+        """Problems of ``system_prompt`` and ``prompt_template`` (only ``{question}``, in the template)."""
+        p = []
+        if isinstance(self.prompt_template, str):
+            t = self.prompt_template
+            fields, err = _placeholders(t)
+            if err:
+                p.append(f"{key}.prompt_template: got {t!r}, which is not a valid template ({err}); write literal "
+                         "braces doubled ({{ and }}) and the placeholder as {question}.")
+            elif "question" not in fields:
+                p.append(f"{key}.prompt_template: got {t!r}, which has no {{question}} placeholder, so the prompt "
+                         f"would not contain the question. Put {{question}} where the question goes, e.g. "
+                         f"{key}.prompt_template='Question: {{question}}'.")
+            unknown = [f for f in fields if f != "question"]
+            if unknown:
+                p.append(f"{key}.prompt_template: got {t!r}, with the unknown placeholder{'s' * (len(unknown) > 1)} "
+                         f"{', '.join('{' + f + '}' for f in unknown)}; only {{question}} is filled in. Write literal "
+                         f"braces doubled ({{{{ and }}}}, e.g. \\boxed{{{{}}}}), or put such text in {key}.prompt_suffix, "
+                         "which is used verbatim.")
+        if isinstance(self.system_prompt, str):
+            s = self.system_prompt
+            fields, err = _placeholders(s)
+            if err:
+                p.append(f"{key}.system_prompt: got {s!r}, which is not valid ({err}); write literal braces "
+                         "doubled ({{ and }}).")
+            elif fields:
+                p.append(f"{key}.system_prompt: got {s!r}, with the placeholder{'s' * (len(fields) > 1)} "
+                         f"{', '.join('{' + f + '}' for f in fields)}; the system prompt takes no placeholders (the "
+                         f"question goes in {key}.prompt_template). Write literal braces doubled ({{{{ and }}}}).")
+        return p
+
+    def inheriting(self, other: "DatasetConfig") -> "DatasetConfig":
+        """A copy whose null prompt keys are ``other``'s (valid_dataset asks as train_dataset does)."""
+        return dataclasses.replace(self, **{n: getattr(other, n) for n in PROMPT_KEYS if getattr(self, n) is None})
+
+
+PROMPT_KEYS = ("system_prompt", "prompt_template", "prompt_suffix")
+"""The keys of ``DatasetConfig`` that shape the prompt; valid_dataset takes train_dataset's where null."""
+
+
+def _placeholders(text: str) -> tuple[list[str], str]:
+    """The placeholders of a ``str.format`` template as written (``question``, ``foo!r``), and the parse
+    error ("" if none); ``{{``/``}}`` are literal braces."""
+    try:
+        parts = list(string.Formatter().parse(text))
+    except ValueError as e:
+        return [], str(e)
+    fields = [name + (f"!{conv}" if conv else "") + (f":{spec}" if spec else "")
+              for _, name, spec, conv in parts if name is not None]
+    return fields, ""
+

@@ -1,0 +1,93 @@
+"""How trajectories are produced and scored: ``rollout`` (backend, workflow, filtering, asynchronous
+training) and ``reward``. Key names and defaults follow AReaL's where AReaL has the key."""
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..dtypes import DTYPE_NAMES
+from .base import Checked, at_least_one, fraction, one_of
+
+
+@dataclass
+class RolloutConfig(Checked):
+    """How trajectories are produced: the inference backend, the workflow, and group filtering."""
+
+    backend: str = "hf"
+    """The inference engine (``rollout/backends.py``): ``hf`` (transformers generate, works everywhere) or
+    ``vllm`` (optional extra; colocated engine)."""
+    vllm_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments for ``vllm.LLM`` (e.g. ``gpu_memory_utilization``, ``enforce_eager``)."""
+    workflow: str = "areal_trainer.rollout.workflow.RLVRWorkflow"
+    """Import path of the workflow class that turns one prompt into trajectories."""
+    workflow_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments of the workflow class (e.g. ``max_turns`` of the multi-turn workflow)."""
+    dynamic_filter: str | None = None
+    """Import path of ``fn(group) -> bool`` deciding whether a prompt's group is trained on
+    (``areal_trainer.rollout.filters.has_reward_variance`` is DAPO's dynamic sampling)."""
+    max_sampling_rounds: int = 8
+    """With a filter and a fixed batch size: give up (with an error) after this many rounds of sampling."""
+    generation_batch_size: int | None = None
+    """Sequences per generate call (null: the whole step at once)."""
+    # -- asynchronous, off-policy training (AReaL's names and defaults) ----------------------------
+    max_head_offpolicyness: int = 0
+    """eta: the most policy versions a trained token may lag behind the policy being trained. 0 =
+    synchronous (generate, then train); > 0 = generation runs ahead of training (``offpolicy_mode``)."""
+    offpolicy_mode: str = "concurrent"
+    """How eta > 0 produces off-policy data. ``concurrent``: a rollout thread generates on its own copy of
+    the policy while the trainer trains, admission bounded by AReaL's staleness manager. ``lagged``:
+    reproducible, no concurrency; each prompt group is sampled by a policy snapshot lagging a seeded
+    number of versions in [0, eta]."""
+    lagged_switch_prob: float = 0.0
+    """``lagged`` only: probability that a generation switches to a newer snapshot after a seeded number
+    of tokens, as when a weight update lands mid-generation (its unfinished answers carry two versions)."""
+    consumer_batch_size: int | None = None
+    """Prompt groups the trainer consumes per version, the staleness manager's unit (null: train_dataset.batch_size,
+    the only value that keeps the bound exact)."""
+    max_concurrent_rollouts: int | None = None
+    """Most prompt groups generating at once, i.e. per generation call (null: consumer_batch_size)."""
+    queue_size: int | None = None
+    """Most prompt groups generated or generating but not yet trained on (null: 16 x max_concurrent_rollouts)."""
+    partial_rollout: bool = True
+    """On a weight update, interrupt the generation in flight at a token boundary and continue it under the
+    new weights (each token keeps the version that sampled it); false: the update waits for it to finish."""
+    dtype: str | None = None
+    """Precision of the rollout's copy of the policy (null: the trainer's own weights and precision).
+    ``bfloat16`` under float32 training gives the train/inference mismatch of bf16 inference engines."""
+    request_timeout: float = 3600.0
+    """Seconds the trainer waits for the rollout thread to finish a generation call before stopping the run."""
+
+    def check(self, key: str) -> list[str]:
+        p = one_of(f"{key}.offpolicy_mode", self.offpolicy_mode, ("concurrent", "lagged"))
+        p += one_of(f"{key}.dtype", self.dtype, (None, *DTYPE_NAMES))
+        p += at_least_one(f"{key}.max_sampling_rounds", self.max_sampling_rounds)
+        if self.max_head_offpolicyness < 0:
+            p.append(f"{key}.max_head_offpolicyness: got {self.max_head_offpolicyness}; must be >= 0 "
+                     "(0 = synchronous; AReaL's GSM8K examples use 2).")
+        for name in ("consumer_batch_size", "max_concurrent_rollouts", "queue_size"):
+            p += at_least_one(f"{key}.{name}", getattr(self, name), nullable=True)
+        p += fraction(f"{key}.lagged_switch_prob", self.lagged_switch_prob)
+        if not self.request_timeout > 0:
+            p.append(f"{key}.request_timeout: got {self.request_timeout}; must be > 0 seconds.")
+        return p
+
+
+@dataclass
+class RewardConfig(Checked):
+    """The reward function ``fn(prompt, completion, answer, **kwargs) -> float``, by import path."""
+
+    fn: str = "areal_trainer.reward.math.gsm8k_reward_fn"
+    """Import path of the reward function."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments passed to the reward function on every call."""
+    error_value: float = 0.0
+    """Reward given to a sample whose reward function raised."""
+    max_error_fraction: float = 0.5
+    """Stop the run when more than this fraction of one batch's rewards raised."""
+
+    def check(self, key: str) -> list[str]:
+        p = []
+        if not isinstance(self.fn, str) or "." not in self.fn:
+            p.append(f"{key}.fn: got {self.fn!r}; give an import path 'package.module.function'.")
+        p += fraction(f"{key}.max_error_fraction", self.max_error_fraction)
+        return p
+

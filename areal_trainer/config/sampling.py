@@ -1,0 +1,43 @@
+"""Sampling settings: ``gconfig`` (the training rollouts) and ``eval_gconfig`` (the held-out evaluation)."""
+
+from dataclasses import dataclass, field
+
+from .base import Checked, at_least_one, is_number
+
+
+@dataclass
+class GenerationHyperparameters(Checked):
+    """Sampling settings of the rollout (``gconfig``) and of evaluation (``eval_gconfig``)."""
+
+    n_samples: int = 1
+    """Answers sampled per prompt: the group size G."""
+    max_new_tokens: int = 16384
+    """Most tokens generated per answer."""
+    min_new_tokens: int = 0
+    """End-of-answer tokens are suppressed until an answer has this many tokens."""
+    max_tokens: int = 32768
+    """Prompt + answer length limit."""
+    greedy: bool = False
+    """Greedy decoding (argmax); temperature, top_p and top_k are then not used."""
+    top_p: float = 1.0
+    """Nucleus sampling: sample from the smallest token set with this much probability (1 = off)."""
+    top_k: int = 100000000
+    """Sample from the k most likely tokens (0, or at least the vocabulary size, = off)."""
+    temperature: float = 1.0
+    """Sampling temperature (the logits are divided by it)."""
+    stop_token_ids: list[int] = field(default_factory=list)
+    """Extra token ids that end an answer (EOS and pad always do)."""
+
+    def check(self, key: str) -> list[str]:
+        p = [x for name in ("n_samples", "max_new_tokens", "max_tokens")
+             for x in at_least_one(f"{key}.{name}", getattr(self, name))]
+        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
+            p.append(f"{key}.min_new_tokens: got {self.min_new_tokens}; must be in [0, max_new_tokens={self.max_new_tokens}].")
+        if not 0 < self.top_p <= 1:
+            p.append(f"{key}.top_p: got {self.top_p}; must be in (0, 1].")
+        if self.top_k < 0:
+            p.append(f"{key}.top_k: got {self.top_k}; must be >= 0.")
+        if not self.greedy and (not is_number(self.temperature) or not self.temperature > 0):
+            p.append(f"{key}.temperature: got {self.temperature!r}; must be > 0 (or set {key}.greedy=true).")
+        return p
+

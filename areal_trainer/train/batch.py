@@ -1,0 +1,130 @@
+"""The typed batches of a step: built once, read-only, split by rows.
+
+* :class:`TrainBatch`: the step's trajectory rows as the rollout produced them (token-aligned ``[B, S]``
+  tensors and per-row ``[B]`` values), with each prompt group's row count.
+* :class:`UpdateBatch`: what the policy update trains on: the rows, the advantage's aligned loss mask
+  and advantages, and the step's policies as one :class:`~areal_trainer.loss.PolicyLogprobs` (sliced
+  with its own ``rows``, never flattened into a dict).
+* :class:`CriticBatch`: what the critic update trains on.
+
+``select(rows)`` gives the same batch restricted to ``rows`` (a 1-D index tensor) and trimmed to the
+longest selected row: minibatches and micro-batches are selections.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from types import MappingProxyType
+
+import torch
+
+from ..loss import PolicyLogprobs
+from ..rollout.batch import concat_groups
+
+_GROUPING = ("group_sizes", "prompt_ids")
+"""The fields of :class:`TrainBatch` about its prompt groups (not row tensors)."""
+
+
+def _width(attention_mask: torch.Tensor) -> int:
+    return int(attention_mask.sum(1).max()) if attention_mask.shape[0] else 0
+
+
+def _cut(t: torch.Tensor | None, idx: torch.Tensor, width: int) -> torch.Tensor | None:
+    if t is None:
+        return None
+    t = t[idx]
+    return t[:, :width] if t.dim() == 2 else t
+
+
+@dataclass(frozen=True)
+class TrainBatch:
+    """One step's rows (``rollout/types.py`` describes each tensor), all on one device.
+
+    Attributes:
+        input_ids, attention_mask, loss_mask, logprobs, turn_ids, versions: ``[B, S]`` token-aligned.
+        rewards, is_truncated: ``[B]``.
+        num_turns: ``[B]`` or None; token_rewards: ``[B, S]`` process rewards or None.
+        group_sizes: rows of each prompt group, in row order.
+        prompt_ids: the dataset row of each prompt group (None where unknown).
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    loss_mask: torch.Tensor
+    logprobs: torch.Tensor
+    turn_ids: torch.Tensor
+    versions: torch.Tensor
+    rewards: torch.Tensor
+    is_truncated: torch.Tensor
+    group_sizes: tuple[int, ...]
+    prompt_ids: tuple[int | None, ...] = ()
+    num_turns: torch.Tensor | None = None
+    token_rewards: torch.Tensor | None = None
+
+    @classmethod
+    def from_groups(cls, groups: Sequence, device: torch.device) -> TrainBatch:
+        tensors, sizes = concat_groups(groups)
+        names = {f.name for f in fields(cls)} - set(_GROUPING)
+        return cls(**{k: v.to(device) for k, v in tensors.items() if k in names}, group_sizes=tuple(sizes),
+                   prompt_ids=tuple(getattr(g, "prompt_id", None) for g in groups))
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def lengths(self) -> list[int]:
+        return self.attention_mask.sum(1).tolist()
+
+    def select(self, idx: torch.Tensor) -> TrainBatch:
+        """Rows ``idx`` (group sizes no longer apply to a selection and are dropped)."""
+        w = _width(self.attention_mask[idx])
+        cut = {f.name: _cut(getattr(self, f.name), idx, w) for f in fields(self) if f.name not in _GROUPING}
+        return TrainBatch(**cut, group_sizes=())
+
+    def rollout_data(self, **forwards: torch.Tensor | None) -> Mapping[str, torch.Tensor]:
+        """The read-only mapping the advantage reads (``AdvantageInputs.data``): the rollout tensors plus
+        the forwards given (``ref_logp``, ``values``, next-token aligned), None ones left out."""
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _GROUPING}
+        data.update(forwards)
+        return MappingProxyType({k: v for k, v in data.items() if v is not None})
+
+
+@dataclass(frozen=True)
+class UpdateBatch:
+    """The policy update's rows (``[B, S]``, next-token aligned except the ids and mask).
+
+    Attributes:
+        input_ids, attention_mask: the rows.
+        loss_mask: the advantage's aligned loss mask.
+        advantages: per token.
+        policies: behaviour and proximal log-probs and versions, as the loss takes them.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    loss_mask: torch.Tensor
+    advantages: torch.Tensor
+    policies: PolicyLogprobs
+
+    def select(self, idx: torch.Tensor) -> UpdateBatch:
+        w = _width(self.attention_mask[idx])
+        pol = self.policies.rows(idx, w)
+        return UpdateBatch(_cut(self.input_ids, idx, w), _cut(self.attention_mask, idx, w),
+                           _cut(self.loss_mask, idx, w), _cut(self.advantages, idx, w), pol)
+
+
+@dataclass(frozen=True)
+class CriticBatch:
+    """The critic update's rows: ids, mask, the aligned loss mask, the values the advantage used, returns."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    loss_mask: torch.Tensor
+    old_values: torch.Tensor
+    returns: torch.Tensor
+
+    def select(self, idx: torch.Tensor) -> CriticBatch:
+        w = _width(self.attention_mask[idx])
+        return CriticBatch(*(_cut(getattr(self, f.name), idx, w) for f in fields(self)))

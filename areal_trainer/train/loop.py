@@ -1,0 +1,138 @@
+"""The training loop: set up (resume, or warm start), then every step: train, advance the policy
+version, evaluate when due, log, save when due, show progress; at the end, the summary.
+
+Each step's record goes to disk before its checkpoint: a checkpoint then always implies its step's
+record, and a kill between the two only repeats that step on resume.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from tqdm.auto import tqdm
+
+from .. import fsdp
+from ..errors import UserError
+from ..metrics import Mean, floats
+from ..tracking import runlog
+from ..tracking.console import ProgressPostfix
+from ..tracking.logger import NullLogger, StatsLogger, read_metrics
+from ..tracking.plot import plot_run
+from ..tracking.samples import eval_example, step_samples
+from . import checkpoint as ckpt
+from .evaluate import evaluate
+from .run import Trainer, seed_everything
+from .step import train_step
+
+
+def train(t: Trainer) -> dict[str, float]:
+    cfg, dist, main = t.cfg, t.dist, t.dist.is_main
+    if t.resume_from:
+        t.prepare_models()
+        t.restore()
+        t.push_weights()
+        if main:  # say where the run continues from before its first step
+            print(f"resuming from {t.resume_from} (step {t.step} of {t.total_steps})", flush=True)
+    log = StatsLogger(t.run_dir, cfg, resume_step=t.step if t.resume_from else None) if main else NullLogger()
+    # On resume the bar starts from the latest accuracy in the metrics file (truncated to the checkpoint).
+    metrics_file = os.path.join(t.run_dir, "metrics.jsonl")
+    postfix = ProgressPostfix(read_metrics(metrics_file) if t.resume_from and main and os.path.exists(metrics_file)
+                              else None)
+    if not t.resume_from:
+        start(t, log, postfix)
+    bar = tqdm(total=t.total_steps, initial=t.step, desc=f"{cfg.algorithm}", dynamic_ncols=True,
+               disable=not (cfg.stats_logger.progress_bar and main))
+    ctx, last = t.step_context(), {}
+    last_eval = last_save = time.time()
+    t.source.start()
+    try:
+        while t.step < t.total_steps:
+            t0 = time.time()
+            result = train_step(ctx, t.version)
+            t.advance()
+            t.consecutive_skips = t.consecutive_skips + 1 if result.all_skipped else 0
+            result.metrics.update({"lr": Mean(t.policy.scheduler.get_last_lr()[0]), "time/step": Mean(time.time() - t0)})
+            metrics = floats(dist.reduce_metrics(result.metrics))
+            prompts = sorted(i for ids in dist.gather_objects(result.prompt_ids) for i in ids)
+            if t.consecutive_skips >= cfg.actor.max_consecutive_nonfinite_steps:
+                raise UserError(f"{t.consecutive_skips} consecutive optimizer steps had a non-finite loss or gradient "
+                                f"norm; stopping at step {t.step}. Last checkpoint: {ckpt.latest_checkpoint(t.run_dir)}. "
+                                "Lower actor.optimizer.lr, check the reward scale, or raise "
+                                "actor.max_consecutive_nonfinite_steps.")
+            if _due(t, cfg.evaluator, last_eval) or t.step == t.total_steps:
+                metrics.update(evaluate_policy(t))
+                last_eval = time.time()
+            log.log(t.step, metrics, extra={"data/prompt_ids": prompts})
+            if main and result.batch is not None:  # only the main process writes samples.jsonl
+                b, adv = result.batch, result.advantages
+                log.log_samples(t.step, step_samples(t.tokenizer, b.rollout_data(), adv.advantages, adv.loss_mask,
+                                                     b.group_sizes, cfg.stats_logger.samples_per_step, b.prompt_ids))
+            if _due(t, cfg.saver, last_save) or _due(t, cfg.recover, last_save):
+                t.save()
+                last_save = time.time()
+            last = metrics
+            shown = postfix(metrics)
+            bar.set_postfix(shown)  # a dict, so the reward stays first
+            bar.update(1)
+            runlog.note(f"{cfg.algorithm} step {t.step}/{t.total_steps}: "
+                        + ", ".join(f"{k} {v}" for k, v in shown.items()))  # the bar's state, once per step
+    finally:
+        t.source.close()
+        bar.close()
+        log.close()
+    return summary(t, last) if main else {}
+
+
+def start(t: Trainer, log, postfix: ProgressPostfix) -> None:
+    """A fresh run: the warm start, then the models of RL, then (optionally) the evaluation before RL."""
+    metrics = t.warm_start()
+    if metrics:
+        log.log(0, metrics)
+    t.push_weights()
+    t.prepare_models()
+    if t.dist.enabled:  # identical initial weights everywhere; different samples per process
+        seed_everything(t.cfg.seed + 10007 * t.dist.rank)
+    if t.cfg.evaluator.eval_before_train:
+        before = evaluate_policy(t)
+        postfix.update(before)
+        log.log(0, before)
+
+
+def _due(t: Trainer, freq, last: float) -> bool:
+    epoch_end = t.step % t.loader.steps_per_epoch == 0
+    due = bool((freq.freq_steps and t.step % freq.freq_steps == 0)
+               or (freq.freq_epochs and epoch_end and (t.step // t.loader.steps_per_epoch) % freq.freq_epochs == 0)
+               or (freq.freq_secs and time.time() - last >= freq.freq_secs))
+    return t.dist.any(due)  # clocks differ between processes; decide together
+
+
+def evaluate_policy(t: Trainer) -> dict[str, float]:
+    """Held-out evaluation of the current weights (each process its share of the prompts)."""
+    if t.valid_samples is None:
+        return {}
+    t0 = time.time()
+    mine = t.valid_samples[t.dist.rank::t.dist.world_size]
+    examples: list = []
+    with fsdp.gathered(t.policy.model):
+        out = evaluate(t.eval_workflow, mine, t.cfg.eval_gconfig, t.components.valid_dataset.batch_size,
+                       examples=examples)
+    if t.dist.is_main and examples:  # tqdm.write keeps a running progress bar intact
+        tqdm.write(eval_example(t.tokenizer, examples[0], t.step))
+    out["time/eval"] = Mean(time.time() - t0)
+    return floats(t.dist.reduce_metrics(out))
+
+
+def summary(t: Trainer, last: dict[str, float]) -> dict[str, float]:
+    records = read_metrics(log_path := os.path.join(t.run_dir, "metrics.jsonl"))
+    acc = [(r["step"], r["eval/accuracy"]) for r in records if "eval/accuracy" in r]
+    if t.cfg.stats_logger.plot and records:
+        plot_run(t.run_dir, title=f"{t.cfg.algorithm} / {t.cfg.experiment_name} / {t.cfg.trial_name}")
+    out = {"final_step": t.step, **{k: v for k, v in last.items() if k.startswith(("eval/", "reward/"))}}
+    if acc:
+        before, after = acc[0][1], acc[-1][1]
+        out.update({"accuracy_before": before, "accuracy_after": after})
+        print(f"held-out accuracy: {100 * before:.1f}% at step {acc[0][0]} (before RL) -> {100 * after:.1f}% at "
+              f"step {acc[-1][0]} ({100 * (after - before):+.1f} points)")
+    print(f"run directory: {t.run_dir} (metrics: {log_path})")
+    return out
