@@ -3,7 +3,7 @@
 Both sides run the same default pipeline on the same random batch (B rows, width S, a prompt,
 generated turns separated by tool spans, random padding, truncation and critic values); only the
 estimator differs: the vectorised token/turn GAE versus the straightforward loop of
-``areal_trainer.advantage._reference``. Printed per case: the time of each full computation, their
+``tests/advantage/reference.py``. Printed per case: the time of each full computation, their
 ratio, and ``max |A_fast - A_loop| / max |A_loop|``.
 
     .venv/bin/python scripts/bench_advantage.py                 # B=64, S in 1024 8192 32768
@@ -18,11 +18,12 @@ import time
 
 import torch
 
-from areal_trainer.advantage import AdvantageInputs, TemporalResult, resolve_advantage
-from areal_trainer.advantage._reference import token_gae_loop, turn_gae_loop
+from areal_trainer.advantage import AdvantageInputs, TemporalResult
 from areal_trainer.advantage.gae import compute_gae_lambda
 from areal_trainer.advantage.pipeline import Stage, run_default
+from areal_trainer.components.advantage import bind_advantage
 from areal_trainer.config import PPOActorConfig
+from tests.advantage.reference import token_gae_loop, turn_gae_loop
 
 
 def random_batch(n_rows: int, width: int, seed: int) -> dict:
@@ -92,7 +93,7 @@ def main() -> None:
         for unit in ("token", "turn"):
             for gamma, lam in ((1.0, 1.0), (0.99, 0.95)):
                 cfg = PPOActorConfig(kl_ctl=0.0, discount=gamma, gae_lambda=lam, gae_timestep_unit=unit)
-                fast = resolve_advantage(cfg)
+                fast = bind_advantage(cfg)
                 loop_stages = dataclasses.replace(fast.stages, estimator=Stage("loop", loop_estimator, builtin=False))
                 inputs = AdvantageInputs(data, cfg)
                 t_fast, a = best_time(lambda: fast(inputs), args.fast_reps)  # noqa: B023

@@ -48,7 +48,7 @@ def workload_batch(name: str, tok, vocab: int):
 
     rows, masks = [], []
     if name == "arith":
-        from areal_trainer.config import load_config
+        from areal_trainer.components import load_config
         from areal_trainer.data.datasets import build_samples
         from areal_trainer.rollout.workflow import prompt_ids
 
@@ -131,8 +131,8 @@ def measure_forward(workload: str, model_path: str, shared: bool, reps: int) -> 
 
 
 def measure_step(model_path: str, shared: bool, reps: int, tmp: str) -> dict:
-    from areal_trainer.config import load_config
-    from areal_trainer.train.run import RLTrainer
+    from areal_trainer.components import load
+    from areal_trainer.train.run import Trainer
 
     flag = str(shared).lower()
     overrides = [f"actor.path={model_path}", "sft_warmup.steps=0", "valid_dataset.max_rows=8",
@@ -141,12 +141,13 @@ def measure_step(model_path: str, shared: bool, reps: int, tmp: str) -> dict:
                  f"actor.enable_tree_training={flag}", "train_dataset.max_rows=2000"]
     if not model_path.startswith("builtin:"):
         overrides.append("tokenizer_path=builtin:tiny")
-    trainer = RLTrainer(load_config("grpo", overrides), os.path.join(tmp, f"run-{flag}"))
-    trainer.engine.share_prefill = shared
-    trainer._build_aux_models()
+    trainer = Trainer(load("grpo", overrides), os.path.join(tmp, f"run-{flag}"))
+    trainer.rollout.engine.share_prefill = shared
+    trainer.prepare_models()
+    ctx = trainer.step_context()
     rows = []
     for _ in range(reps + 1):
-        m = trainer.train_step()
+        _, m = trainer.step_once(ctx)
         rows.append({"generate": m["time/rollout"], "logprobs": m["time/logprobs"], "update": m["time/update"],
                      "step": m["time/step"], "computed": m["update/tokens_computed"], "tokens": m["update/tokens"]})
     timed = rows[1:]  # the first step warms up

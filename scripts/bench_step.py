@@ -78,8 +78,8 @@ def measure(workload: str, model: str, backend: str, steps: int, threads: int | 
 
     if threads:
         torch.set_num_threads(threads)
-    from areal_trainer.config import load_config
-    from areal_trainer.train.run import RLTrainer
+    from areal_trainer.components import load
+    from areal_trainer.train.run import Trainer
 
     new = WORKLOADS[workload]
     overrides = [f"actor.path={model}", f"rollout.backend={backend}", "sft_warmup.steps=0", "valid_dataset.max_rows=8",
@@ -92,9 +92,8 @@ def measure(workload: str, model: str, backend: str, steps: int, threads: int | 
                       "allow_builtin_model_on_any_data=true"]  # built-in task words only: timings, not scores
     if not model.startswith("builtin:"):
         overrides.append("tokenizer_path=builtin:tiny")  # token ids beyond its vocabulary decode to nothing
-    cfg = load_config("grpo", overrides)
-    trainer = RLTrainer(cfg, os.path.join(tmp, f"run-{backend}"))
-    engine = trainer.engine
+    trainer = Trainer(load("grpo", overrides), os.path.join(tmp, f"run-{backend}"))
+    engine = trainer.rollout.engine
     counters = ("generate", "sync", "gen_tokens", "prompts", "prompt_tokens", "cached")
     clock = dict.fromkeys(counters, 0)
     generate, update_weights = engine.generate, engine.update_weights
@@ -115,12 +114,13 @@ def measure(workload: str, model: str, backend: str, steps: int, threads: int | 
         clock["sync"] += time.perf_counter() - t
 
     engine.generate, engine.update_weights = timed_generate, timed_update
-    engine.update_weights(trainer.model, 0)
-    trainer._build_aux_models()
+    engine.update_weights(trainer.policy.model, 0)
+    trainer.prepare_models()
+    ctx = trainer.step_context()
     rows = []
     for _ in range(steps + 1):
         clock.update(dict.fromkeys(counters, 0))
-        m = trainer.train_step()
+        _, m = trainer.step_once(ctx)
         tokens = m["perf/tokens_per_s"] * m["time/step"]
         rows.append({"generate": clock["generate"], "gen_tok_s": clock["gen_tokens"] / clock["generate"],
                      "logprobs": m["time/logprobs"], "update": m["time/update"] - clock["sync"], "sync": clock["sync"],

@@ -74,11 +74,11 @@ def peak_flops() -> float | None:
 def run_setting(args, eta: int, model_dir: str, n_params: int, tmp: str, shared: bool = True) -> dict:
     """One run of the trainer with ``rollout.max_head_offpolicyness=eta`` (``shared``: shared-prefix
     training and prefill, the default, or both off); its steady-state numbers."""
-    from areal_trainer.config import load_config
+    from areal_trainer.components import load
     from areal_trainer.tracking.logger import read_metrics
     from areal_trainer.train.run import run
 
-    cfg = load_config("grpo", [
+    components = load("grpo", [
         f"actor.path={model_dir}", f"total_train_steps={args.steps}", f"train_dataset.batch_size={args.prompts}",
         f"gconfig.n_samples={args.samples}", f"gconfig.max_new_tokens={args.max_new_tokens}",
         "gconfig.min_new_tokens=" + str(args.max_new_tokens // 2),  # random weights: keep answers long
@@ -92,7 +92,7 @@ def run_setting(args, eta: int, model_dir: str, n_params: int, tmp: str, shared:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     run_dir = os.path.join(tmp, f"run-eta{eta}-{'shared' if shared else 'unshared'}")
-    run(cfg, run_dir=run_dir)
+    run(components, run_dir=run_dir)
     records = [r for r in read_metrics(os.path.join(run_dir, "metrics.jsonl")) if "time/step" in r]
     steady = records[1:] or records  # the first step includes CUDA/kernels warm-up (asynchronous: the pipeline fills)
     mean = lambda k: sum(r.get(k, 0.0) for r in steady) / len(steady)  # noqa: E731

@@ -1,4 +1,6 @@
-"""Test-wide settings: offline hubs, no wandb, few threads (timings on shared CPUs are noisy)."""
+"""Test-wide settings: offline hubs, no wandb, few threads (timings on shared CPUs are noisy); markers:
+``e2e`` for every test that runs the real command line (everything in tests/e2e/, and any test that calls
+``cli``/``popen``), so that ``-m "not e2e"`` is the fast inner loop; ``gpu`` tests are skipped without CUDA."""
 
 import os
 import tempfile
@@ -10,16 +12,28 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("AREAL_TRAINER_CACHE", os.path.join(tempfile.gettempdir(), "areal_trainer_test_cache"))
 
+import inspect  # noqa: E402
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
 
+def _runs_the_command_line(item) -> bool:
+    if "/tests/e2e/" in str(item.fspath).replace("\\", "/"):
+        return True
+    try:
+        source = inspect.getsource(item.function)
+    except (OSError, TypeError, AttributeError):
+        return False
+    return "cli(" in source or "popen(" in source
+
+
 def pytest_collection_modifyitems(config, items):
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    skip = None if torch.cuda.is_available() else pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
-        if "gpu" in item.keywords:
+        if _runs_the_command_line(item):
+            item.add_marker(pytest.mark.e2e)
+        if skip is not None and "gpu" in item.keywords:
             item.add_marker(skip)

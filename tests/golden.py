@@ -40,7 +40,7 @@ EPS = 2.0**-23
 STEPS = 3
 ARGS = ["+scale=tiny", f"total_train_steps={STEPS}", "gconfig.n_samples=4", "train_dataset.batch_size=4",
         "actor.ppo_n_minibatches=2", "saver.freq_steps=null", f"evaluator.freq_steps={STEPS}",
-        "reward.fn=tests.e2e.plugins.digit_share_reward"]
+        "reward.fn=tests.plugins.digit_share_reward"]
 """The golden configuration: 3 steps, two minibatches per step so that ratios, clips and SAPO gates move,
 and a reward with variance inside every group of the untrained model."""
 RECORDS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "e2e", "golden_presets.json")

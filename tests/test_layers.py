@@ -1,11 +1,15 @@
 """The package's layers import downward only, and no module-level import cycle exists.
 
-Layers, bottom to top (README, Layout): small utilities (``errors``, ``plugins``); the pure maths
-(``loss``, which imports nothing of the package, then ``advantage``); ``config``; the parallelism
-helpers (``fsdp``, then ``dist``, which reduces metrics by the loss's rule); the peers ``data``,
-``model``, ``reward``, ``rollout``, ``tracking``, which do not import each other; ``train``, the only
-orchestrator; the entry point. A module may import from its own unit and from units below it.
-Imports inside functions count too (a lazy import is still a dependency).
+Layers, bottom to top (docs/architecture.md): small utilities (``errors``, ``dtypes``, ``metrics``, then
+``plugins``); the pure maths (``loss``, which imports nothing of the package, then ``advantage``, which
+imports only the loss); ``config``; the parallelism helpers (``fsdp``, then ``dist``); ``model``; the
+peers ``data``, ``reward``, ``rollout``, ``tracking``, which do not import each other; ``components``,
+which binds a configuration to everything below; ``train``, the only orchestrator; ``launch``; the entry
+point. A module may import from its own unit and from units below it. Imports inside functions count
+too (a lazy import is still a dependency).
+
+Below ``components`` nothing imports ``config``: those modules are handed what they need (values,
+bound settings, or a config section passed in), so a setting has one reader, the binding.
 """
 
 from __future__ import annotations
@@ -16,8 +20,11 @@ import os
 import pytest
 
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "areal_trainer")
-LAYERS = [("errors",), ("plugins",), ("loss",), ("advantage",), ("config",), ("fsdp",), ("dist",),
-          ("data", "model", "reward", "rollout", "tracking"), ("train",), ("launch",), ("__main__", "__init__")]
+LAYERS = [("errors", "dtypes", "metrics"), ("plugins",), ("loss",), ("advantage",), ("config",), ("fsdp",), ("dist",),
+          ("model",), ("data", "reward", "rollout", "tracking"), ("components",), ("train",), ("launch",),
+          ("__main__", "__init__")]
+HANDED_CONFIG = {u for units in LAYERS[:LAYERS.index(("components",))] for u in units} - {"config"}
+"""The units below ``components``: they never import ``config``."""
 RANK = {unit: i for i, units in enumerate(LAYERS) for unit in units}
 
 
@@ -77,10 +84,19 @@ def test_imports_go_downward(name):
     assert not bad, f"{name} (layer {RANK[mine]}: {mine}) imports from the same or a higher layer: {bad}"
 
 
-def test_loss_imports_nothing_of_the_package():
+def test_the_maths_import_nothing_of_the_package_but_the_maths():
+    """``loss`` imports nothing of the package; ``advantage`` only itself and the loss (its KL estimators)."""
+    allowed = {"loss": {"loss"}, "advantage": {"advantage", "loss"}}
     for name, path in MODULES.items():
-        if unit(name) == "loss":
-            assert all(unit(t) == "loss" for t in imports(name, path) if unit(t) in RANK), name
+        if unit(name) in allowed:
+            bad = sorted(t for t in imports(name, path) if unit(t) in RANK and unit(t) not in allowed[unit(name)])
+            assert not bad, f"{name} imports {bad}"
+
+
+@pytest.mark.parametrize("name", sorted(n for n in MODULES if unit(n) in HANDED_CONFIG))
+def test_nothing_below_the_binding_imports_config(name):
+    bad = sorted(t for t in imports(name, MODULES[name]) if unit(t) == "config")
+    assert not bad, f"{name} imports {bad}: take the values (or the section) as arguments instead"
 
 
 def test_no_module_level_import_cycle():

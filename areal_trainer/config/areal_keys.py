@@ -37,14 +37,12 @@ def _stage(stage, key: str) -> tuple[str, dict]:
     return stage.implementation, dict(stage.kwargs)
 
 
-SURROGATE_FLAGS = {"use_sapo_loss": "sapo", "use_cispo_loss": "cispo"}
-"""AReaL's surrogate flags and the built-in surrogate each selects."""
-
-
 def surrogate_choice(actor, key: str = "actor") -> tuple[StageChoice, list[str]]:
-    """The policy-loss surrogate: ``{key}.loss.surrogate`` when set, else the flag that is on, else ``clip``."""
+    """The policy-loss surrogate: ``{key}.loss.surrogate`` when set, else the flag that is on
+    (``use_sapo_loss``: SAPO, ``use_cispo_loss``: CISPO), else ``clip``."""
     impl, kwargs = _stage(actor.loss.surrogate, key)
-    flags = [(f, name) for f, name in SURROGATE_FLAGS.items() if getattr(actor, f)]
+    flags = [(f, name) for f, name, on in (("use_sapo_loss", "sapo", actor.use_sapo_loss),
+                                           ("use_cispo_loss", "cispo", actor.use_cispo_loss)) if on]
     problems = []
     if len(flags) > 1:
         problems.append(f"{' and '.join(f'{key}.{f}=true' for f, _ in flags)} select two surrogates; set only one.")

@@ -70,8 +70,12 @@ class WandbConfig(Checked):
 
 @dataclass
 class StatsLoggerConfig(Checked):
+    """What a run reports besides ``metrics.jsonl``: wandb, the console's progress bar, plots and samples."""
+
     wandb: WandbConfig = field(default_factory=WandbConfig)
     progress_bar: bool = True
+    """A progress bar on the console with the live reward and the latest held-out accuracy (the run log
+    records its state once per step either way)."""
     plot: bool = True
     """Write ``curves.png`` (reward and held-out accuracy) into the run directory at the end."""
     samples_per_step: int = 4

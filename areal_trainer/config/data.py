@@ -23,7 +23,8 @@ class DatasetConfig(Checked):
     batch_size: int = 8
     """Prompts per step (each sampled gconfig.n_samples times)."""
     shuffle: bool = True
-    """Training prompts come in a new seeded order every epoch (false: file order)."""
+    """train_dataset: the prompts come in a new seeded order every epoch (false: file order). valid_dataset:
+    not used; the evaluation asks every held-out prompt once, in file order."""
     drop_last: bool = True
     """An epoch uses only whole batches, leaving out the remainder of the prompts (false: every prompt is
     used and the last batch is completed from the next epoch)."""

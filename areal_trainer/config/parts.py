@@ -114,7 +114,8 @@ class OptimizerConfig(Checked):
     lr_scheduler_type: str = "constant"
     """``constant``, ``linear`` or ``cosine`` (after the warm-up)."""
     warmup_steps_proportion: float = 0.001
-    """Fraction of the total optimizer steps spent in linear warm-up."""
+    """Fraction of the run's training steps spent in linear warm-up. The schedule advances once per training
+    step (one batch), whatever ``ppo_n_minibatches`` is: every optimizer step of a batch uses the same lr."""
     gradient_clipping: float = 1.0
     """Max global grad norm (0 or less disables clipping)."""
 

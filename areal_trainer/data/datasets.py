@@ -11,8 +11,8 @@ the question in ``prompt_template``, then ``prompt_suffix``. The defaults give t
 from __future__ import annotations
 
 import os
+from typing import Any
 
-from ..config.schema import DatasetConfig
 from ..errors import UserError
 from . import arith
 
@@ -23,7 +23,7 @@ GSM8K_IDS = ("openai/gsm8k", "gsm8k")
 """Hub ids of GSM8K; it has two configs, ``main`` (the usual one) and ``socratic``."""
 
 
-def load_rows(cfg: DatasetConfig, key: str) -> list[dict]:
+def load_rows(cfg: Any, key: str) -> list[dict]:
     """The raw rows of a dataset (at most ``cfg.max_rows``), each checked for its fields."""
     if cfg.path == "builtin:arith":
         n = cfg.max_rows or BUILTIN_DEFAULT_ROWS.get(cfg.split, 1000)
@@ -40,7 +40,7 @@ def load_rows(cfg: DatasetConfig, key: str) -> list[dict]:
     return [{"question": str(r[cfg.question_key]), "answer": str(r[cfg.answer_key])} for r in rows]
 
 
-def _unusable(row: dict, cfg: DatasetConfig) -> list[str]:
+def _unusable(row: dict, cfg: Any) -> list[str]:
     """The required fields of ``row`` that are missing (or null) or empty, each described."""
     out = []
     for field in (cfg.question_key, cfg.answer_key):
@@ -51,7 +51,7 @@ def _unusable(row: dict, cfg: DatasetConfig) -> list[str]:
     return out
 
 
-def _row_problem(cfg: DatasetConfig, key: str, rows: list[dict], bad: list[int]) -> str:
+def _row_problem(cfg: Any, key: str, rows: list[dict], bad: list[int]) -> str:
     """The first bad row, 1-based (its line number in a jsonl file), with the fields it has and those required."""
     i = bad[0]
     row = rows[i]
@@ -78,7 +78,7 @@ def _jsonl_line(path: str, index: int) -> int:
     return index + 1
 
 
-def check_fits_batch(samples: list[dict], cfg: DatasetConfig, key: str, world_size: int = 1) -> None:
+def check_fits_batch(samples: list[dict], cfg: Any, key: str, world_size: int = 1) -> None:
     """A training set must hold one whole batch (with ``drop_last`` an epoch would otherwise have no step)."""
     n = len(samples)
     if not cfg.drop_last or n >= cfg.batch_size:
@@ -97,7 +97,7 @@ def demonstration(sample: dict) -> str:
     return sample.get("demonstration", sample["answer"])
 
 
-def _load_hf(cfg: DatasetConfig, key: str) -> list[dict]:
+def _load_hf(cfg: Any, key: str) -> list[dict]:
     import datasets
 
     ext = os.path.splitext(cfg.path)[1].lower()
@@ -121,7 +121,7 @@ def _load_hf(cfg: DatasetConfig, key: str) -> list[dict]:
     return list(ds)
 
 
-def _load_hint(cfg: DatasetConfig, key: str, err: Exception) -> str:
+def _load_hint(cfg: Any, key: str, err: Exception) -> str:
     """A suggestion for a failed hub load: the missing config name, or how to work offline."""
     msg = str(err)
     if "Config name is missing" in msg or "BuilderConfig" in msg:
@@ -133,7 +133,7 @@ def _load_hint(cfg: DatasetConfig, key: str, err: Exception) -> str:
     return ""
 
 
-def prompt_suffix(cfg: DatasetConfig) -> str:
+def prompt_suffix(cfg: Any) -> str:
     """``cfg.prompt_suffix``, by default the task's: the built-in task asks for ``#### n`` (taught by the warm
     start) with no instruction; other data for ``\\boxed{}``."""
     if cfg.prompt_suffix is not None:
@@ -141,14 +141,14 @@ def prompt_suffix(cfg: DatasetConfig) -> str:
     return "" if cfg.path == "builtin:arith" else BOXED_SUFFIX
 
 
-def prompt_messages(cfg: DatasetConfig, question: str) -> list[dict]:
+def prompt_messages(cfg: Any, question: str) -> list[dict]:
     """The chat messages asking ``question``: the system prompt (if any), then the user message."""
     template = "{question}" if cfg.prompt_template is None else cfg.prompt_template
     user = {"role": "user", "content": template.format(question=question) + prompt_suffix(cfg)}
     return [{"role": "system", "content": cfg.system_prompt.format()}, user] if cfg.system_prompt else [user]
 
 
-def check_system_role(cfg: DatasetConfig, tokenizer, key: str) -> None:
+def check_system_role(cfg: Any, tokenizer, key: str) -> None:
     """A system prompt needs a chat template that renders a system message (some have no system role)."""
     if not cfg.system_prompt:
         return
@@ -171,7 +171,7 @@ def check_system_role(cfg: DatasetConfig, tokenizer, key: str) -> None:
                     f"{none}, or use a tokenizer whose chat template has a system role.")
 
 
-def build_samples(cfg: DatasetConfig, tokenizer, key: str) -> list[dict]:
+def build_samples(cfg: Any, tokenizer, key: str) -> list[dict]:
     """Rows as chat samples; prompts whose user message is longer than ``cfg.max_length`` tokens are dropped."""
     check_system_role(cfg, tokenizer, key)
     rows = load_rows(cfg, key)

@@ -30,12 +30,12 @@ import contextlib
 import inspect
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 from transformers.cache_utils import DynamicCache
 
-from ..config.schema import GenerationHyperparameters
 from .types import Generation
 from .weights import GenerationAborted, WeightGate, copy_weights, rollout_copy, snapshot
 
@@ -143,12 +143,12 @@ class HFEngine:
         return torch.cuda.stream(stream)
 
     # -- sampling ---------------------------------------------------------------------------------
-    def stop_ids(self, gconfig: GenerationHyperparameters) -> list[int]:
+    def stop_ids(self, gconfig: Any) -> list[int]:
         ids = [self.tokenizer.eos_token_id, *gconfig.stop_token_ids]
         return sorted({i for i in ids if i is not None})
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], gconfig: GenerationHyperparameters) -> list[Generation]:
+    def generate(self, prompts: list[list[int]], gconfig: Any) -> list[Generation]:
         """Sample one answer per prompt (repeat a prompt to sample it several times)."""
         out: list[Generation] = []
         step = self.batch_size or len(prompts) or 1
@@ -159,7 +159,7 @@ class HFEngine:
             self._switch = None
         return out
 
-    def _generate_chunk(self, prompts: list[list[int]], g: GenerationHyperparameters) -> list[Generation]:
+    def _generate_chunk(self, prompts: list[list[int]], g: Any) -> list[Generation]:
         """Segments of ``generate`` until every answer is finished; between two segments a weight
         update (pending or scheduled) is loaded. Unfinished rows have the same number of tokens."""
         stop = set(self.stop_ids(g))
@@ -193,7 +193,7 @@ class HFEngine:
         return [Generation(ids[i], logps[i], truncated=not (ids[i] and ids[i][-1] in stop), versions=versions[i])
                 for i in range(len(prompts))]
 
-    def _sample(self, prompts: list[list[int]], g: GenerationHyperparameters, n_done: int,
+    def _sample(self, prompts: list[list[int]], g: Any, n_done: int,
                 limit: int | None) -> tuple[list[list[int]], list[list[float]]]:
         """One ``generate`` call continuing answers that have ``n_done`` tokens; it stops early (for
         every row) when a weight update is pending or after ``limit`` new tokens."""

@@ -43,10 +43,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from ..config.schema import GenerationHyperparameters
 from ..errors import UserError
 from .batch import make_row, stack_rows
 from .types import Segment, TrajectoryGroup, answer_segment
@@ -134,7 +134,7 @@ class MultiTurnWorkflow:
         return r * self.turn_discount ** (episode.num_turns - 1) if r > 0 else r
 
     # -- rollout ----------------------------------------------------------------------------------
-    def rollout(self, samples: list[dict], gconfig: GenerationHyperparameters) -> list[TrajectoryGroup]:
+    def rollout(self, samples: list[dict], gconfig: Any) -> list[TrajectoryGroup]:
         """One group per sample: ``[G, L]`` rows (``G = gconfig.n_samples``), ``rewards``,
         ``is_truncated`` and ``num_turns`` ``[G]``; its stats sum the episodes' reward errors and timeouts."""
         g = gconfig.n_samples
@@ -158,7 +158,7 @@ class MultiTurnWorkflow:
         return [self._group(episodes[i * g:(i + 1) * g]) for i in range(len(samples))]
 
     def _advance(self, e: Episode, gen, reward: float, turn: int, feedback: list[int],
-                 gconfig: GenerationHyperparameters) -> None:
+                 gconfig: Any) -> None:
         """Record answer ``turn`` of ``e``; append the feedback when the episode goes on."""
         e.segments.append(answer_segment(gen, turn))
         e.context += gen.output_ids

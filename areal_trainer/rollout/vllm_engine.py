@@ -40,7 +40,6 @@ from typing import Any
 
 import torch
 
-from ..config.schema import GenerationHyperparameters
 from ..errors import UserError
 from .types import Generation
 from .weights import WeightGate
@@ -206,11 +205,11 @@ class VLLMEngine:
         self.llm.reset_prefix_cache()
 
     # -- sampling ---------------------------------------------------------------------------------
-    def stop_ids(self, gconfig: GenerationHyperparameters) -> list[int]:
+    def stop_ids(self, gconfig: Any) -> list[int]:
         ids = [self.tokenizer.eos_token_id, *gconfig.stop_token_ids]
         return sorted({i for i in ids if i is not None})
 
-    def sampling_params(self, g: GenerationHyperparameters, n_done: int = 0):
+    def sampling_params(self, g: Any, n_done: int = 0):
         """vLLM ``SamplingParams`` for ``g`` (stops exactly on :meth:`stop_ids`), for answers that already
         have ``n_done`` tokens."""
         kw: dict[str, Any] = dict(n=1, max_tokens=g.max_new_tokens - n_done, min_tokens=max(0, g.min_new_tokens - n_done),
@@ -221,7 +220,7 @@ class VLLMEngine:
             kw.update(temperature=g.temperature, top_p=g.top_p, top_k=g.top_k if 0 < g.top_k < self.vocab_size else 0)
         return self._sampling_params(**kw)
 
-    def generate(self, prompts: list[list[int]], gconfig: GenerationHyperparameters) -> list[Generation]:
+    def generate(self, prompts: list[list[int]], gconfig: Any) -> list[Generation]:
         """Sample one answer per prompt, in prompt order (repeat a prompt to sample it several times)."""
         if not prompts:
             return []
@@ -240,7 +239,7 @@ class VLLMEngine:
             gens.append(Generation(ids, logps, truncated=c.finish_reason == "length", versions=[version] * len(ids)))
         return gens
 
-    def _generate_in_steps(self, prompts: list[list[int]], g: GenerationHyperparameters) -> list[Generation]:
+    def _generate_in_steps(self, prompts: list[list[int]], g: Any) -> list[Generation]:
         """Drive the engine step by step; a pending update aborts the requests in flight, and their
         answers are resubmitted (prompt plus tokens so far) once the new weights are in."""
         ids: list[list[int]] = [[] for _ in prompts]

@@ -9,9 +9,10 @@ per sample. Rows are built from the engine's per-token policy versions (``Genera
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-from ..config.schema import GenerationHyperparameters
 from .batch import make_row, stack_rows
 from .types import Segment, TrajectoryGroup, answer_segment
 
@@ -28,7 +29,7 @@ class RLVRWorkflow:
     def __init__(self, *, engine, tokenizer, reward):
         self.engine, self.tokenizer, self.reward = engine, tokenizer, reward
 
-    def rollout(self, samples: list[dict], gconfig: GenerationHyperparameters) -> list[TrajectoryGroup]:
+    def rollout(self, samples: list[dict], gconfig: Any) -> list[TrajectoryGroup]:
         g = gconfig.n_samples
         prompts = [prompt_ids(self.tokenizer, s["messages"]) for s in samples]
         gens = self.engine.generate([p for p in prompts for _ in range(g)], gconfig)

@@ -20,7 +20,9 @@ class ProgressPostfix:
     def __call__(self, metrics: dict) -> dict[str, str]:
         """The postfix for a step's ``metrics`` (reward first, then the accuracy once there is one)."""
         self.update(metrics)
-        out = {"reward": f"{metrics['reward/task']:.3f}"}
+        # A step with nothing to train on has only the reward of what it sampled (and rejected).
+        reward = metrics.get("reward/task", metrics.get("reward/sampled", float("nan")))
+        out = {"reward": f"{reward:.3f}"}
         if self.acc is not None:
             out["acc"] = f"{self.acc:.3f}"
         return out

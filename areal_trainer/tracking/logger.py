@@ -34,6 +34,8 @@ class StatsLogger:
             # Offline (the default) wandb's header and ~35-line end-of-run summary repeat what
             # metrics.jsonl holds; it is silenced and close() prints the one useful line instead.
             offline = wcfg.mode == "offline"
+            if offline:  # wandb's weave tracing (offered when an LLM client such as openai is imported) needs a server
+                os.environ.setdefault("WANDB_DISABLE_WEAVE", "true")
             self.wandb = wandb.init(
                 project=wcfg.project, entity=wcfg.entity, name=f"{cfg.experiment_name}/{cfg.trial_name}",
                 group=cfg.experiment_name, tags=list(wcfg.tags), mode=wcfg.mode, dir=run_dir,

@@ -34,7 +34,10 @@ def plot_run(run_dir: str, title: str = "") -> str:
         if x:
             axes[1].plot(x, y, marker="o", label=label)
     axes[1].set(title="held-out accuracy", xlabel="step", ylabel="accuracy", ylim=(0, 1))
-    axes[1].legend(loc="lower right")
+    if axes[1].get_legend_handles_labels()[0]:
+        axes[1].legend(loc="lower right")
+    else:  # a run without evaluation: say so instead of an empty legend
+        axes[1].text(0.5, 0.5, "no evaluation in this run", ha="center", va="center", transform=axes[1].transAxes)
     fig.suptitle(title)
     fig.tight_layout()
     path = os.path.join(run_dir, "curves.png")

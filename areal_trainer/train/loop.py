@@ -23,7 +23,6 @@ from ..tracking.samples import eval_example, step_samples
 from . import checkpoint as ckpt
 from .evaluate import evaluate
 from .run import Trainer, seed_everything
-from .step import train_step
 
 
 def train(t: Trainer) -> dict[str, float]:
@@ -48,12 +47,7 @@ def train(t: Trainer) -> dict[str, float]:
     t.source.start()
     try:
         while t.step < t.total_steps:
-            t0 = time.time()
-            result = train_step(ctx, t.version)
-            t.advance()
-            t.consecutive_skips = t.consecutive_skips + 1 if result.all_skipped else 0
-            result.metrics.update({"lr": Mean(t.policy.scheduler.get_last_lr()[0]), "time/step": Mean(time.time() - t0)})
-            metrics = floats(dist.reduce_metrics(result.metrics))
+            result, metrics = t.step_once(ctx)
             prompts = sorted(i for ids in dist.gather_objects(result.prompt_ids) for i in ids)
             if t.consecutive_skips >= cfg.actor.max_consecutive_nonfinite_steps:
                 raise UserError(f"{t.consecutive_skips} consecutive optimizer steps had a non-finite loss or gradient "

@@ -1,7 +1,8 @@
 """Optimizer and learning-rate schedule from ``OptimizerConfig``.
 
-The schedule is linear warm-up over ``warmup_steps_proportion`` of the run, then constant, linear
-or cosine decay to ``min_lr_ratio * lr``. It steps once per training iteration.
+The schedule is linear warm-up over ``warmup_steps_proportion`` of the run's training steps, then
+constant, linear or cosine decay to ``min_lr_ratio * lr``. It steps once per training step (one batch),
+so the ``ppo_n_minibatches`` optimizer steps of a batch share one learning rate.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ def build_optimizer(params, cfg: OptimizerConfig) -> torch.optim.Optimizer:
 
 
 def lr_factor(step: int, total: int, cfg: OptimizerConfig) -> float:
-    """Multiplier of ``cfg.lr`` at optimizer step ``step`` of ``total``."""
+    """Multiplier of ``cfg.lr`` at training step ``step`` of ``total``."""
     warmup = int(cfg.warmup_steps_proportion * total)
     if step < warmup:
         return (step + 1) / (warmup + 1)

@@ -29,6 +29,7 @@ from ..data.datasets import build_samples, check_fits_batch
 from ..data.loader import PromptLoader
 from ..dist import init_distributed
 from ..errors import UserError
+from ..metrics import Mean, Sum, floats
 from ..model.load import load_tokenizer, resolve_device
 from ..model.prefix import resolve_tree_training
 from ..reward.runner import RewardRunner
@@ -38,7 +39,7 @@ from .models import build_critic, build_ref, check_critic_lora, ref_is_base
 from .policy_model import PolicyModel, ReferenceModel
 from .sft import warm_start
 from .sources import build_rollout, rollout_mode
-from .step import StepContext
+from .step import StepContext, StepResult, train_step
 
 
 def seed_everything(seed: int) -> None:
@@ -80,6 +81,7 @@ class Trainer:
                                 reward=reward, loader=self.loader, device=self.device,
                                 autocast_dtype=self.policy.autocast, world_size=self.dist.world_size,
                                 reduce_max=lambda x: int(self.dist.all_reduce(torch.tensor(x), "max")))
+        self.rollout = rollout
         self.source, self.eval_workflow = rollout.source, rollout.eval_workflow
         self.policy.colocated = rollout.colocated
         self.engine_samples_model = not components.rollout.engine.holds_own_weights
@@ -155,6 +157,18 @@ class Trainer:
                            dist=self.dist, device=self.device, actor_config=a, n_minibatches=a.ppo_n_minibatches,
                            critic_minibatches=c.ppo_n_minibatches if c is not None else 0,
                            max_staleness=self.cfg.rollout.max_head_offpolicyness)
+
+    def step_once(self, ctx: StepContext) -> tuple[StepResult, dict[str, float]]:
+        """One training step, then the version advances: the step's result and its metrics over every
+        process (with the learning rate, the step's time and throughput)."""
+        t0 = time.time()
+        result = train_step(ctx, self.version)
+        self.advance()
+        self.consecutive_skips = self.consecutive_skips + 1 if result.all_skipped else 0
+        took = time.time() - t0
+        result.metrics.update({"lr": Mean(self.policy.scheduler.get_last_lr()[0]), "time/step": Mean(took),
+                               "perf/tokens_per_s": Sum(result.tokens / max(took, 1e-9))})
+        return result, floats(self.dist.reduce_metrics(result.metrics))
 
     # -- the policy version -----------------------------------------------------------------------------
     def push_weights(self) -> None:
@@ -241,4 +255,4 @@ def run(components: Components, run_dir: str) -> dict[str, float]:
             trainer.dist.shutdown()
 
 
-__all__ = ["Terminated", "Trainer", "run", "seed_everything", "time"]
+__all__ = ["Terminated", "Trainer", "run", "seed_everything"]

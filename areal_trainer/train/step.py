@@ -48,6 +48,11 @@ class StepResult:
     batch: TrainBatch | None = None
     advantages: Any = None
 
+    @property
+    def tokens(self) -> int:
+        """Real tokens trained on (0 for a step with nothing to train on)."""
+        return 0 if self.batch is None else int(self.batch.attention_mask.sum())
+
 
 def train_step(ctx: StepContext, version: int) -> StepResult:
     t0 = time.time()

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from areal_trainer.advantage import AdvantageInputs, compute_advantages
-from areal_trainer.config import AdvantageConfig, NormConfig, PPOActorConfig, StageConfig
+from areal_trainer.advantage import AdvantageInputs
+from areal_trainer.components import problems_and_build
+from areal_trainer.components.advantage import bind_advantage
+from areal_trainer.config import AdvantageConfig, NormConfig, PPOActorConfig, StageConfig, TrainerConfig
 
 T = torch.tensor
 
@@ -50,7 +52,14 @@ def batch(loss_mask, rewards, *, attention_mask=None, logprobs=None, **extra) ->
 
 
 def run(data, cfg=None, **inputs):
-    return compute_advantages(AdvantageInputs(data, cfg or actor(), **inputs))
+    """The advantage of ``data`` as ``cfg`` (an actor config) binds it."""
+    cfg = cfg or actor()
+    return bind_advantage(cfg)(AdvantageInputs(data, cfg, **inputs))
+
+
+def problems_of(cfg: PPOActorConfig) -> list[str]:
+    """Every problem a run with this actor config reports at start-up (``components.build``)."""
+    return problems_and_build(TrainerConfig(actor=cfg))[0]
 
 
 def close(actual, expected, atol=1e-5):

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from areal_trainer.advantage import TrajBatchMeta
-from areal_trainer.config import StageConfig, load_config
+from areal_trainer.components import load_config
+from areal_trainer.config import StageConfig
 from examples.custom_advantage.my_advantage import length_penalty, token_gae_kl_outside
 
 from .helpers import actor, batch, close, run
@@ -35,7 +36,7 @@ def test_scaling_the_reward_cancels_but_the_length_penalty_reorders_a_group(pres
     # Scaling divides out in the std (GRPO's group std; Dr.GRPO's batch adv_norm); the length penalty
     # ranks the shorter of two equally correct (or equally wrong) answers higher.
     plain = _grpo_like(preset, None, [1, 1, 0, 0])
-    scaled = _grpo_like(preset, StageConfig("tests.advantage.plugins_for_tests.scale_outcome", {"factor": 0.5}),
+    scaled = _grpo_like(preset, StageConfig("tests.plugins.scale_outcome", {"factor": 0.5}),
                         [1, 1, 0, 0])
     close(scaled.advantages, plain.advantages, atol=1e-4)
     shaped = _grpo_like(preset, StageConfig(f"{MOD}.length_penalty", {"coef": 0.1}), [1, 1, 0, 0])
@@ -71,7 +72,7 @@ def test_length_penalty_counts_a_logical_rollouts_tokens_and_shapes_its_referenc
 
 
 def test_scaling_shows_only_where_no_std_divides_it_out():
-    half = StageConfig("tests.advantage.plugins_for_tests.scale_outcome", {"factor": 0.5})
+    half = StageConfig("tests.plugins.scale_outcome", {"factor": 0.5})
     plain = _grpo_like("drgrpo", None, [1, 1, 0, 0], "actor.adv_norm=null")
     close(plain.advantages[:, 1], [5, 5, -5, -5])
     close(_grpo_like("drgrpo", half, [1, 1, 0, 0], "actor.adv_norm=null").advantages, plain.advantages * 0.5)

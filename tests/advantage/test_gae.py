@@ -4,12 +4,12 @@ legacy recurrence), equivalence with the per-step loops, and the ``turn_ids`` co
 import pytest
 import torch
 
-from areal_trainer.advantage._reference import legacy_token_gae, token_gae_loop, turn_gae_loop
 from areal_trainer.advantage.gae import token_level_gae, turn_level_gae
 from areal_trainer.advantage.scan import reverse_discounted_cumsum
 from areal_trainer.advantage.turns import check_turn_ids
 
 from .helpers import T, close
+from .reference import legacy_token_gae, token_gae_loop, turn_gae_loop
 
 ONES4 = torch.ones(1, 4, dtype=torch.bool)
 

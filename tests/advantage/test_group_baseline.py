@@ -10,8 +10,8 @@ import torch
 from areal_trainer.advantage import GroupBaselineInputs, TrajBatchMeta
 from examples.group_baseline.pass_at_k import pass_at_k
 
-from .helpers import actor, batch, close, run
-from .plugins_for_tests import SEEN
+from ..plugins import SEEN
+from .helpers import actor, batch, close, norm, run
 
 PASS_K = "examples.group_baseline.pass_at_k.pass_at_k"
 
@@ -41,7 +41,7 @@ def test_pass_at_1_is_group_standardisation():
 
 def test_a_user_group_baseline_replaces_reward_norm_in_the_pipeline():
     data = batch([[0, 1, 1]] * 4, [1.0, 0.0, 0.0, 0.0])
-    cfg = actor(reward_norm={"mean_level": "group", "std_level": "group"},
+    cfg = actor(reward_norm=norm("group", "group"),
                 advantage={"group_baseline": stage(PASS_K, k=2)})
     out = run(data, cfg, meta=TrajBatchMeta(traj_group_sizes=(4,)))
     close(out.outcome_rewards, [1.0, -1 / 3, -1 / 3, -1 / 3])
@@ -50,13 +50,13 @@ def test_a_user_group_baseline_replaces_reward_norm_in_the_pipeline():
 
 def test_the_baseline_sees_scaled_scores_and_raw_rewards():
     cfg = actor(reward_bias=-0.5, reward_scaling=10.0,
-                advantage={"group_baseline": stage("tests.advantage.plugins_for_tests.record_baseline")})
+                advantage={"group_baseline": stage("tests.plugins.record_baseline")})
     run(batch([[0, 1]] * 2, [1.0, 0.0]), cfg, meta=TrajBatchMeta(traj_group_sizes=(2,)))
     assert SEEN["baseline"] == {"scores": [5.0, -5.0], "rewards": [1.0, 0.0], "sizes": (2,)}
 
 
 def test_a_bad_baseline_output_names_the_stage():
-    cfg = actor(advantage={"group_baseline": stage("tests.advantage.plugins_for_tests.wrong_shape_baseline")})
-    with pytest.raises(ValueError, match=r"actor.advantage.group_baseline \(tests.advantage.plugins_for_tests."
+    cfg = actor(advantage={"group_baseline": stage("tests.plugins.wrong_shape_baseline")})
+    with pytest.raises(ValueError, match=r"actor.advantage.group_baseline \(tests.plugins."
                                          r"wrong_shape_baseline\).*shape"):
         run(batch([[0, 1]] * 2, [1.0, 0.0]), cfg, meta=TrajBatchMeta(traj_group_sizes=(2,)))

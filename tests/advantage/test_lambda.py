@@ -14,7 +14,7 @@ from areal_trainer.advantage.lambda_fn import (
     vapo_length_adaptive_gae,
 )
 
-from . import plugins_for_tests as plug
+from .. import plugins as plug
 from .helpers import T, actor, batch, close, run
 
 RELPOS = "areal_trainer.advantage.lambda_fn.relative_position_gae_lambda"
@@ -120,8 +120,10 @@ def test_static_lambda_checks():
 
 
 def test_import_path_lambda():
-    lam = compute_gae_lambda(torch.ones(2, 3, dtype=torch.bool), None, time_unit="token", gae_lambda=RELPOS,
-                             kwargs={"q": 0.25})
+    from areal_trainer.plugins import import_object
+
+    lam = compute_gae_lambda(torch.ones(2, 3, dtype=torch.bool), None, time_unit="token",
+                             gae_lambda=import_object(RELPOS, "actor.gae_lambda"), kwargs={"q": 0.25})
     close(lam, [0.5, 0.5])  # L = 3: .25 ** (1/2)
 
 
@@ -139,7 +141,7 @@ def test_lambda_return_checks(ret, exc, message):
 
 def test_custom_lambda_sees_estimator_unit():
     # gae_timestep_unit says token, but the estimator override is turn_gae: the lambda gets turn lengths.
-    cfg = actor(gae_lambda="tests.advantage.plugins_for_tests.recording_lambda",
+    cfg = actor(gae_lambda="tests.plugins.recording_lambda",
                 advantage={"estimator": {"implementation": "turn_gae"}})
     data = batch([[0, 1, 1, 1, 1, 1]], [1.0], turn_ids=[[-1, 0, 0, 1, 1, 2]])
     run(data, cfg)

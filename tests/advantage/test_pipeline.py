@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from areal_trainer.advantage import AdvantageInputs, compute_advantages, resolve_advantage
+from areal_trainer.advantage import AdvantageInputs
+from areal_trainer.components.advantage import bind_advantage
 
 from .helpers import actor, batch, close, norm, run
 
@@ -72,11 +73,15 @@ def test_integer_rewards_and_untouched_inputs():
         assert torch.equal(v, snapshot[k])
 
 
-def test_compute_advantages_is_the_resolved_default():
+def test_the_bound_computation_reads_its_settings_not_the_config():
+    """Settings are bound once: changing the config object afterwards changes nothing."""
     cfg = actor(adv_norm=norm("batch", "batch"), discount=0.9, gae_lambda=0.8)
     data = batch([[0, 1, 1, 1], [0, 0, 1, 1]], [1.0, 0.0], values=torch.rand(2, 4))
-    a = compute_advantages(AdvantageInputs(data, cfg))
-    b = resolve_advantage(cfg)(AdvantageInputs(data, cfg))
+    fn = bind_advantage(cfg)
+    a = fn(AdvantageInputs(data, cfg))
+    cfg.discount, cfg.reward_scaling, cfg.adv_norm = 0.5, 3.0, None
+    b = fn(AdvantageInputs(data, cfg))
+    assert not torch.equal(a.advantages, bind_advantage(cfg)(AdvantageInputs(data, cfg)).advantages)
     for name in ("advantages", "returns", "loss_mask", "logprobs", "outcome_rewards", "total_rewards", "kl_rewards"):
         assert torch.equal(getattr(a, name), getattr(b, name))
 

@@ -5,10 +5,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from areal_trainer.advantage import TrajBatchMeta
-from areal_trainer.advantage._reference import token_gae_loop, turn_gae_loop
 from areal_trainer.advantage.gae import token_level_gae, turn_level_gae
 
 from .helpers import actor, norm, run
+from .reference import token_gae_loop, turn_gae_loop
 
 SETTINGS = settings(max_examples=25, deadline=None)
 group_sizes = st.lists(st.integers(1, 4), min_size=1, max_size=5)

@@ -3,13 +3,13 @@
 import pytest
 import torch
 
-from areal_trainer.advantage import AdvantageInputs, resolve_advantage
-from areal_trainer.config import ConfigError
-from areal_trainer.config.base import deferred_validation
+from areal_trainer.advantage import AdvantageInputs
+from areal_trainer.components.advantage import bind_advantage
 
+from . import helpers
 from .helpers import actor, batch, close, norm, run
 
-P = "tests.advantage.plugins_for_tests"
+P = "tests.plugins"
 DATA = batch([[0, 1, 1, 0], [0, 1, 1, 1]], [1.0, 2.0], attention_mask=[[1, 1, 1, 0], [1, 1, 1, 1]])
 
 
@@ -18,12 +18,8 @@ def stage(impl, **kwargs):
 
 
 def problems_of(**cfg_kw):
-    """The ConfigError problems of resolve_advantage for a config built without its own checks."""
-    with deferred_validation():
-        cfg = actor(**cfg_kw)
-    with pytest.raises(ConfigError) as e:
-        resolve_advantage(cfg)
-    return e.value.problems
+    """The start-up problems of a run whose actor config has ``cfg_kw``."""
+    return helpers.problems_of(actor(**cfg_kw))
 
 
 def test_scale_outcome_plugin():
@@ -48,7 +44,7 @@ def test_builtin_names_and_auto():
 
 @pytest.mark.parametrize("path,message", [
     (f"{P}_missing.fn", "not found"),
-    ("tests.advantage.plugins_broken.fn", "raised RuntimeError: boom while importing"),
+    ("tests.plugins_broken.fn", "raised RuntimeError: boom while importing"),
     (f"{P}.no_such_function", "has no attribute 'no_such_function'"),
     (f"{P}.NOT_CALLABLE", "is a int, not a callable"),
 ])
@@ -72,11 +68,10 @@ def test_all_problems_are_collected():
                    "process_adv_shaping": stage("gvpo_typo")},
         gae_lambda="areal_trainer.advantage.lambda_fn.vapo_length_adaptive_gae", gae_lambda_kwargs={"alpha": -1})
     keys = [p.split(":")[0] for p in problems]
-    assert keys == ["actor.advantage.process_adv_shaping.implementation", "actor.gae_lambda_kwargs",
-                    "actor.advantage.outcome_reward_shaping.implementation",
-                    "actor.advantage.estimator.implementation"]
-    assert "Did you mean 'gvpo'?" in problems[0]
-    assert "alpha must be a positive number" in problems[1]
+    assert keys == ["actor.gae_lambda_kwargs", "actor.advantage.outcome_reward_shaping.implementation",
+                    "actor.advantage.estimator.implementation", "actor.advantage.process_adv_shaping.implementation"]
+    assert "Did you mean 'gvpo'?" in problems[3]
+    assert "alpha must be a positive number" in problems[0]
 
 
 def test_config_rules():
@@ -181,7 +176,7 @@ def test_explicit_references_required_from_custom_shaping():
 
 def test_resolution_happens_once():
     cfg = actor(advantage={"outcome_reward_shaping": stage(f"{P}.scale_outcome", factor=1.0)})
-    fn = resolve_advantage(cfg)
+    fn = bind_advantage(cfg)
     assert fn.stages.outcome.builtin is False and fn.stages.process is None
     out = fn(AdvantageInputs(DATA, cfg))
     close(out.outcome_rewards, [1, 2])

@@ -5,7 +5,8 @@ import os
 
 import pytest
 
-from areal_trainer.config import ConfigError, PPOActorConfig, TrainerConfig, load_config
+from areal_trainer.components import load_config
+from areal_trainer.config import ConfigError, PPOActorConfig, TrainerConfig
 
 CONF = os.path.join(os.path.dirname(__file__), "..", "..", "conf")
 TOP_LEVEL = sorted(os.path.basename(p)[:-5] for p in glob.glob(os.path.join(CONF, "*.yaml")))
@@ -129,9 +130,9 @@ def test_plugin_errors_name_the_key():
 
 
 def test_a_workflow_must_offer_the_rollout_method():
-    text = "\n".join(_problems(["rollout.workflow=tests.e2e.plugins.NoRolloutWorkflow"]))
-    assert "rollout.workflow: 'tests.e2e.plugins.NoRolloutWorkflow' has no rollout(samples, gconfig) method" in text
-    text = "\n".join(_problems(["rollout.workflow=tests.e2e.plugins.WrongRolloutWorkflow"]))
+    text = "\n".join(_problems(["rollout.workflow=tests.plugins.NoRolloutWorkflow"]))
+    assert "rollout.workflow: 'tests.plugins.NoRolloutWorkflow' has no rollout(samples, gconfig) method" in text
+    text = "\n".join(_problems(["rollout.workflow=tests.plugins.WrongRolloutWorkflow"]))
     assert "WrongRolloutWorkflow.rollout must take (samples, gconfig)" in text
 
 
@@ -174,9 +175,16 @@ def test_bad_async_settings_are_reported_together_naming_each_key():
 
 
 def test_options_the_vllm_backend_cannot_honour_are_configuration_errors():
-    with pytest.raises(ConfigError, match="lagged_switch_prob > 0 needs rollout.backend=hf"):
+    """The engine registry's capabilities decide, before anything loads (rollout/backends.py)."""
+    with pytest.raises(ConfigError, match="lagged_switch_prob > 0 needs a backend that can switch weights inside a "
+                                          "generation call, which rollout.backend=vllm cannot. Use rollout.backend=hf"):
         load_config("grpo", ["rollout.backend=vllm", "rollout.max_head_offpolicyness=2",
                              "rollout.offpolicy_mode=lagged", "rollout.lagged_switch_prob=0.5"])
+    with pytest.raises(ConfigError, match=r"rollout.backend=vllm does not support a policy sharded with FSDP2 "
+                                          r"\(parallel.fsdp=true\) yet; use rollout.backend=hf"):
+        load_config("grpo", ["rollout.backend=vllm", "parallel.fsdp=true"])
+    with pytest.raises(ConfigError, match="rollout.backend: got 'vlm'; must be one of 'hf', 'vllm'. Did you mean 'vllm'"):
+        load_config("grpo", ["rollout.backend=vlm"])
 
 
 def test_null_sections_are_filled_only_where_hydra_applies_overrides():

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from areal_trainer.config import ConfigError, load_config
+from areal_trainer.components import load_config
+from areal_trainer.config import ConfigError
 from areal_trainer.config.schema import DatasetConfig
 from areal_trainer.data.datasets import check_fits_batch, load_rows
 from areal_trainer.errors import UserError

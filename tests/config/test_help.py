@@ -8,22 +8,15 @@ import typing
 import pytest
 
 from areal_trainer.config.actor import PPOActorConfig, PPOCriticConfig
-from areal_trainer.config.help import (
-    UnknownKeyError,
-    field_doc,
-    first_sentence,
-    help_request,
-    index,
-    key_help,
-    overview,
-    render_type,
-)
-from areal_trainer.config.overrides import schema_keys
-from areal_trainer.config.schema import RolloutConfig, WandbConfig
+from areal_trainer.config.bookkeeping import WandbConfig
+from areal_trainer.config.help import UnknownKeyError, first_sentence, help_request, key_help, overview
+from areal_trainer.config.keys import field_doc, index, render_type
+from areal_trainer.config.overrides import split_overrides
+from areal_trainer.config.rollout import RolloutConfig
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 # Keys without a description (shown as "(no description)"). Document new fields instead of adding here.
-KNOWN_UNDOCUMENTED = {"stats_logger", "stats_logger.progress_bar"}
+KNOWN_UNDOCUMENTED: set[str] = set()
 
 
 def flat(text: str) -> str:
@@ -117,8 +110,17 @@ def test_types_read_like_yaml(cls, name, shown_as):
     assert render_type(int | None) == "int | null"
 
 
-def test_help_covers_exactly_the_keys_overrides_accept():
-    assert set(index()) - {""} == set(schema_keys())
+def test_overrides_accept_every_key_the_help_lists_and_both_suggest_the_same_key():
+    values = [f"{k}={key.value}" for k, key in index().items()
+              if k and key.section is None and not key.free_form and key.value not in ("''", "[]", "{}")]
+    problems, usable = split_overrides(values)
+    assert not problems and len(usable) == len(values)
+    for typo in ("actor.eps_clp", "actr.eps_clip", "rollout.max_head_ofpolicyness", "eps_clip"):
+        with pytest.raises(UnknownKeyError) as e:
+            key_help(typo)
+        help_hint = str(e.value).split("key.", 1)[1].split(" `")[0]
+        (override_problem,), _ = split_overrides([f"{typo}=1"])
+        assert override_problem.endswith(help_hint), (override_problem, help_hint)
 
 
 def test_undocumented_keys_are_known_and_marked():

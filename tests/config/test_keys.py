@@ -1,34 +1,54 @@
 """No silent keys: every key of the schema is read by the trainer, or is declared in
 ``config/compat.py`` as rejected (its other values are errors) or ignored (with a warning when set)."""
 
+import ast
 import fnmatch
 import glob
-import io
+import inspect
 import os
 import re
-import tokenize
 import warnings
 
 import pytest
 
-from areal_trainer.config import load_config
+from areal_trainer.components import load_config
 from areal_trainer.config.compat import IGNORED, REF_READ, REJECTED
-from areal_trainer.config.overrides import schema_keys
+from areal_trainer.config.keys import index
+from areal_trainer.loss import SURROGATES
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
-DECLARATIONS = {"config/schema.py", "config/actor.py", "config/parts.py", "config/compat.py"}
-SECTIONS = {"gconfig", "eval_gconfig", "train_dataset", "valid_dataset", "actor", "ref", "critic", "rollout", "reward",
-            "sft_warmup", "saver", "evaluator", "recover", "stats_logger", "scheduler", "cluster"}
+DECLARATIONS = {f"config/{m}.py" for m in ("schema", "sampling", "data", "actor", "parts", "rollout", "bookkeeping",
+                                           "launch", "compat", "keys", "base")}
+"""Where the schema is declared (a field's own declaration and checks are not a read by the trainer)."""
+
+
+def _attribute_reads(tree: ast.AST) -> set[str]:
+    """Names read as attributes (``x.name``, ``getattr(x, "name")``), leaving out attributes of imported
+    modules (``os.path``, ``torch.float32``)."""
+    modules = {a.asname or a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
+               for a in n.names}
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
+            if not (isinstance(node.value, ast.Name) and node.value.id in modules):
+                found.add(node.attr)
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
+              and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)):
+            found.add(node.args[1].value)
+    return found
 
 
 def _names_read() -> set[str]:
-    """Identifiers in the package outside the schema's declarations, and ``${...}`` keys of the YAML."""
+    """Attributes the package reads outside the schema's declarations, the keyword arguments of the built-in
+    surrogates (the loss binding reads the actor keys named like them), and ``${...}`` keys of the YAML."""
     found = set()
     for path in glob.glob(os.path.join(ROOT, "areal_trainer", "**", "*.py"), recursive=True):
         if os.path.relpath(path, os.path.join(ROOT, "areal_trainer")) in DECLARATIONS:
             continue
         with open(path) as f:
-            found |= {t.string for t in tokenize.generate_tokens(io.StringIO(f.read()).readline) if t.type == tokenize.NAME}
+            found |= _attribute_reads(ast.parse(f.read()))
+    for spec in SURROGATES.values():
+        found |= {n for n, p in inspect.signature(spec.fn).parameters.items() if p.kind is p.KEYWORD_ONLY}
     for path in glob.glob(os.path.join(ROOT, "conf", "**", "*.yaml"), recursive=True):
         with open(path) as f:
             found |= {k.split(".")[-1] for k in re.findall(r"\$\{([\w.]+)\}", f.read())}
@@ -43,12 +63,19 @@ def _declared(key: str) -> bool:
 
 def test_every_schema_key_is_read_or_declared():
     read = _names_read()
-    silent = [k for k in schema_keys() if k not in SECTIONS and k.split(".")[-1] not in read and not _declared(k)]
+    silent = [k for k, key in index().items() if k and key.section is None and key.name not in read
+              and not _declared(k)]
     assert not silent, f"schema keys that nothing reads and config/compat.py does not declare: {silent}"
 
 
+def test_the_reads_are_attribute_reads():
+    """A name that only occurs as a word, a string or a local variable does not count as a read."""
+    tree = ast.parse("import os\ndef f(cfg, eps_clip):\n    x = os.path\n    return eps_clip + cfg.lr + getattr(cfg, 'seed')")
+    assert _attribute_reads(tree) == {"lr", "seed"}
+
+
 def test_declared_keys_exist():
-    keys = schema_keys()
+    keys = list(index())
     for pattern in [*REJECTED, *IGNORED]:
         assert any(fnmatch.fnmatch(k, pattern) for k in keys), pattern
 

@@ -17,16 +17,16 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from areal_trainer import fsdp
-from areal_trainer.advantage.stages import resolve_advantage
-from areal_trainer.config import load_config
-from areal_trainer.config.loss import bind_policy_loss
+from areal_trainer.advantage import AdvantageInputs, TrajBatchMeta
+from areal_trainer.components import load
 from areal_trainer.dist import init_distributed
 from areal_trainer.model import lora
 from areal_trainer.model.builtin import build_model, build_tokenizer
-from areal_trainer.rollout.batch import concat_groups, make_row, stack_rows
+from areal_trainer.rollout.batch import make_row, stack_rows
 from areal_trainer.rollout.types import Segment
-from areal_trainer.train.policies import PolicyPlan, for_loss, prepare
-from areal_trainer.train.step import compute_advantage, policy_update, training_batch
+from areal_trainer.train.batch import TrainBatch, UpdateBatch
+from areal_trainer.train.policies import for_loss, prepare
+from areal_trainer.train.policy_model import PolicyModel
 from areal_trainer.train.update import balanced_partition, micro_batches
 
 
@@ -54,14 +54,15 @@ def flat_params(model) -> torch.Tensor:
 
 
 def main(out: str, fsdp_mode: bool = False, lora_mode: bool = False) -> None:
-    ctx, _ = init_distributed("cpu")
-    assert ctx.fsdp == (fsdp_mode and ctx.enabled), "FSDP2 requested by the launcher was not detected"
+    ctx, _ = init_distributed("cpu", fsdp=fsdp_mode)
+    assert ctx.fsdp == (fsdp_mode and ctx.enabled), "parallel.fsdp was not honoured"
     extra = ["actor.mb_spec.max_tokens_per_mb=20", "actor.optimizer.gradient_clipping=0.005"] if fsdp_mode else \
         ["actor.optimizer.gradient_clipping=0"]
     if lora_mode:
         extra += ["actor.use_lora=true", "actor.lora_rank=4", "actor.lora_alpha=8"]
-    cfg = load_config("grpo", ["actor.use_decoupled_loss=false", "actor.recompute_logprob=false",
-                               "actor.rejection_sampling=null", "actor.ppo_n_minibatches=2", *extra]).actor
+    built = load("grpo", ["actor.use_decoupled_loss=false", "actor.recompute_logprob=false",
+                          "actor.rejection_sampling=null", "actor.ppo_n_minibatches=2", *extra])
+    cfg = built.config.actor
     tok = build_tokenizer()
     model = build_model("builtin:tiny", tok, seed=0)
     peft = lora.attach(model, cfg, seed=0) if lora_mode else None
@@ -70,17 +71,20 @@ def main(out: str, fsdp_mode: bool = False, lora_mode: bool = False) -> None:
         fsdp.shard_model(model, fsdp.device_mesh(torch.device("cpu"), ctx.world_size))
     groups = global_groups()
     per = len(groups) // ctx.world_size
-    data, sizes = concat_groups(groups[ctx.rank * per:(ctx.rank + 1) * per])
-    plan = PolicyPlan.from_actor(cfg)
-    logps = prepare(plan, data, forward=None)  # this configuration recomputes nothing
-    adv = compute_advantage(resolve_advantage(cfg), data, cfg, sizes, all_reduce=ctx.sum_fn(), old_logprobs=logps.old)
-    batch = training_batch(data, adv, for_loss(plan, logps, adv, version=0))
-    lengths = batch["attention_mask"].sum(1).tolist()
+    data = TrainBatch.from_groups(groups[ctx.rank * per:(ctx.rank + 1) * per], torch.device("cpu"))
+    logps = prepare(built.plan, data.logprobs, data.versions, forward=None)  # this configuration recomputes nothing
+    adv = built.advantage(AdvantageInputs(data.rollout_data(), cfg, TrajBatchMeta(data.group_sizes),
+                                          all_reduce=ctx.sum_fn(), old_logprobs=logps.old))
+    batch = UpdateBatch(data.input_ids, data.attention_mask, adv.loss_mask, adv.advantages,
+                        for_loss(built.plan, logps, adv, version=0))
+    lengths = batch.attention_mask.sum(1).tolist()
     n_micro = [len(micro_batches(rows, lengths, cfg.mb_spec)) for rows in balanced_partition(lengths, 2)]
-    opt = torch.optim.SGD(model.parameters(), lr=1.0)
-    metrics, _ = policy_update(model, opt, batch, loss_fn=bind_policy_loss(cfg), actor_cfg=cfg, version=0,
-                               autocast_dtype=None, all_reduce=ctx.sum_fn(),
-                               sync_grads=ctx.sync_gradients if ctx.enabled and not ctx.fsdp else None)
+    policy = PolicyModel(model, cfg, tokenizer=tok, device=torch.device("cpu"), dist=ctx, adapter_dir=None,
+                         base_changed=False)
+    policy.optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    result = policy.update(batch, None, loss_fn=built.loss, version=0, n_minibatches=2, all_reduce=ctx.sum_fn(),
+                           sync_grads=ctx.gradient_sync())
+    metrics = {k: m.value for k, m in result.metrics.items()}
     loss = ctx.all_reduce(torch.tensor(metrics["update/loss"], dtype=torch.float64))
     delta = flat_params(model) - before
     if peft is not None:

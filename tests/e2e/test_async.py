@@ -18,7 +18,7 @@ ASYNC = ["+scale=tiny", "rollout.max_head_offpolicyness=2"]
 
 def _records(run_dir):
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        return {r["step"]: r for r in map(json.loads, f) if "reward/task" in r}
+        return {r["step"]: r for r in map(json.loads, f) if "time/step" in r}  # the training steps
 
 
 def _wait_for(path, proc, timeout=240):
@@ -88,7 +88,7 @@ def test_a_signal_stops_both_sides_and_keeps_the_newest_checkpoint(tmp_path, sig
 
 def test_a_reward_that_hangs_stops_the_run_naming_where_it_hangs(tmp_path):
     t0 = time.time()
-    proc = cli(["--config-name", "grpo", *ASYNC, "reward.fn=tests.e2e.plugins.hanging_reward",
+    proc = cli(["--config-name", "grpo", *ASYNC, "reward.fn=tests.plugins.hanging_reward",
                 "rollout.request_timeout=3", "valid_dataset=null", "evaluator.freq_steps=null",
                 "evaluator.eval_before_train=false", "trial_name=h"], cwd=tmp_path, check=False, timeout=120)
     assert proc.returncode == 1
@@ -107,7 +107,7 @@ def test_multi_turn_workflow_runs_asynchronously(tmp_path):
 
 def test_a_step_with_nothing_to_train_on_advances_version_and_schedule(tmp_path):
     cli(["--config-name", "grpo", "+scale=tiny", "total_train_steps=3", "saver.freq_steps=1", "dynamic_bs=true",
-         "rollout.dynamic_filter=tests.e2e.plugins.reject_all", "actor.optimizer.lr_scheduler_type=linear",
+         "rollout.dynamic_filter=tests.plugins.reject_all", "actor.optimizer.lr_scheduler_type=linear",
          "trial_name=e"], cwd=tmp_path)
     run = tmp_path / "outputs" / "grpo" / "e"
     records = _records(run)

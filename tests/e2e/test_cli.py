@@ -101,3 +101,18 @@ def test_existing_checkpoint_is_not_overwritten(tmp_path):
     proc = cli(["--config-name", "grpo", "+scale=tiny", "total_train_steps=1", "trial_name=t"], cwd=tmp_path, check=False)
     assert proc.returncode != 0 and "recover.mode=auto" in proc.stderr
     assert marker.stat().st_mtime_ns == before
+
+
+def test_non_finite_updates_stop_the_run_also_when_a_step_has_fewer_rows_than_minibatches(tmp_path):
+    """A loss whose gradient is NaN makes every optimizer step non-finite (each skipped, the weights
+    untouched). The dynamic filter keeps one of the two prompts of a step: 2 rows for 4 minibatches, so
+    each update runs 2 optimizer steps, both skipped. Two such updates in a row must stop the run."""
+    proc = cli(["--config-name", "grpo", "+scale=tiny", "total_train_steps=6", "trial_name=nan", "dynamic_bs=true",
+                "rollout.dynamic_filter=tests.plugins.every_other_group", "actor.ppo_n_minibatches=4",
+                "actor.loss.compute.implementation=tests.plugins.nan_gradient_loss",
+                "actor.max_consecutive_nonfinite_steps=2", "saver.freq_steps=null",
+                "evaluator.freq_steps=null", "evaluator.eval_before_train=false", "valid_dataset=null"],
+               cwd=tmp_path, check=False)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "2 consecutive optimizer steps had a non-finite loss or gradient norm; stopping at step 2" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -1,4 +1,4 @@
-"""FSDP2 through ``accelerate launch --use_fsdp --fsdp_version 2``: two gloo processes with the policy
+"""FSDP2 (``parallel.fsdp=true``, through ``accelerate launch --use_fsdp --fsdp_version 2``): two gloo processes with the policy
 sharded compute the same loss, gradient norm and update (parameters compared in full) as one
 process on the same global batch, also when the ranks run different numbers of micro-batches, and so
 do LoRA adapters on the sharded policy; a two-process CLI run writes its metrics and full Hugging Face
@@ -19,7 +19,7 @@ WORKER = os.path.join(os.path.dirname(__file__), "dist_check.py")
 LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--use_fsdp", "--fsdp_version", "2",
           "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
 ARGS = ["-m", "areal_trainer", "--config-name", "grpo", "+scale=tiny", "train_dataset.batch_size=4", "saver.freq_steps=1",
-        "trial_name=fsdp"]
+        "trial_name=fsdp", "parallel.fsdp=true"]
 
 
 def _run(cmd, cwd, timeout=300):
@@ -115,7 +115,7 @@ def test_fsdp_lora_cli_run_saves_adapters_and_resumes_exactly(tmp_path):
             "saver.freq_steps=1", "actor.use_lora=true", "actor.lora_rank=8", "critic.use_lora=true",
             "critic.lora_rank=8", "rollout.dtype=float32", "actor.optimizer.lr=1e-2", "actor.kl_ctl=0.01",
             "+ref.path=${actor.path}", "actor.mb_spec.max_tokens_per_mb=64",
-            "reward.fn=tests.e2e.plugins.digit_share_reward", "trial_name=lora"]
+            "reward.fn=tests.plugins.digit_share_reward", "trial_name=lora", "parallel.fsdp=true"]
     _run(args, tmp_path)
     run = tmp_path / "outputs" / "ppo" / "lora"
 
@@ -144,7 +144,7 @@ def test_fsdp_lora_cli_run_saves_adapters_and_resumes_exactly(tmp_path):
 def test_fsdp_asynchronous_run(tmp_path):
     """The rollout thread's copy of the policy receives the full (gathered) weights after every step."""
     _run([*LAUNCH, "-m", "areal_trainer", "--config-name", "grpo", "+scale=tiny", "train_dataset.batch_size=4",
-          "rollout.max_head_offpolicyness=1", "total_train_steps=3", "trial_name=afsdp"], tmp_path)
+          "rollout.max_head_offpolicyness=1", "total_train_steps=3", "trial_name=afsdp", "parallel.fsdp=true"], tmp_path)
     with open(tmp_path / "outputs" / "grpo" / "afsdp" / "metrics.jsonl") as f:
         steps = [r for r in map(json.loads, f) if "reward/task" in r]
     assert [r["step"] for r in steps] == [1, 2, 3]

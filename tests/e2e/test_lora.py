@@ -13,7 +13,7 @@ from .helpers import cli
 # copy of the policy in float32 (it receives the merged weights); the KL penalty against the base.
 ARGS = ["--config-name", "grpo", "+scale=tiny", "saver.freq_steps=1", "actor.use_lora=true", "actor.lora_rank=8",
         "actor.kl_ctl=0.01", "+ref.path=${actor.path}", "rollout.dtype=float32",
-        "actor.optimizer.lr=1e-2", "reward.fn=tests.e2e.plugins.digit_share_reward", "trial_name=lora"]
+        "actor.optimizer.lr=1e-2", "reward.fn=tests.plugins.digit_share_reward", "trial_name=lora"]
 
 
 def _records(run_dir):

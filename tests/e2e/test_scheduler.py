@@ -177,7 +177,7 @@ def test_slurm_through_submitits_local_executor(tmp_path):
 
 def test_the_sbatch_script_asks_for_the_nodes_tasks_and_options(tmp_path, monkeypatch):
     submitit = pytest.importorskip("submitit")
-    from areal_trainer.config import load_config
+    from areal_trainer.components import load_config
     from areal_trainer.launch.slurm import slurm_parameters
 
     monkeypatch.setattr(submitit.SlurmExecutor, "affinity", staticmethod(lambda: 1))  # no srun here

@@ -7,8 +7,15 @@ import warnings
 
 import torch
 
-from areal_trainer.config import PPOActorConfig, RejectionSamplingConfig, StageConfig
-from areal_trainer.config.loss import bind_policy_loss
+from areal_trainer.components import problems_and_build
+from areal_trainer.components.loss import bind_policy_loss
+from areal_trainer.config import (
+    ConfigError,
+    PPOActorConfig,
+    RejectionSamplingConfig,
+    StageConfig,
+    TrainerConfig,
+)
 from areal_trainer.config.parts import PolicyLossConfig
 from areal_trainer.loss import PolicyLogprobs, PolicyLossInputs, RejectionSettings
 
@@ -22,17 +29,24 @@ def mask_of(rows) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.bool)
 
 
-def actor_config(**kwargs) -> PPOActorConfig:
-    """A validated actor config; the advisory warnings (e.g. decoupled without RS) are silenced."""
+def actor_config(validate: bool = True, **kwargs) -> PPOActorConfig:
+    """An actor config, validated as a run would validate it (``ConfigError``, a ``ValueError``, listing
+    the problems) unless ``validate=False``; the advisory warnings (e.g. decoupled without RS) are silenced."""
     rs = kwargs.pop("rejection_sampling", None)
     loss = kwargs.pop("loss", None)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        if isinstance(rs, dict):
-            rs = RejectionSamplingConfig(**rs)
-        if isinstance(loss, dict):
-            loss = PolicyLossConfig(**{k: StageConfig(**v) for k, v in loss.items()})
-        return PPOActorConfig(rejection_sampling=rs, loss=loss or PolicyLossConfig(), **kwargs)
+    if isinstance(rs, dict):
+        rs = RejectionSamplingConfig(**rs)
+    if isinstance(loss, dict):
+        loss = PolicyLossConfig(**{k: StageConfig(**v) for k, v in loss.items()})
+    kwargs.setdefault("kl_ctl", 0.0)  # the schema default 0.1 needs a ref section
+    cfg = PPOActorConfig(rejection_sampling=rs, loss=loss or PolicyLossConfig(), **kwargs)
+    if validate:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            problems = problems_and_build(TrainerConfig(actor=cfg))[0]
+        if problems:
+            raise ConfigError(problems)
+    return cfg
 
 
 def loss_fn(**kwargs):

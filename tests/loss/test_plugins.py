@@ -7,8 +7,7 @@ import math
 import pytest
 import torch
 
-from areal_trainer.config.base import deferred_validation
-from areal_trainer.config.loss import bind_policy_loss
+from areal_trainer.components.loss import bind_policy_loss
 from areal_trainer.errors import ConfigError, UserError
 from areal_trainer.loss import PolicyLoss
 from areal_trainer.loss.ratio import LOG_RATIO_BOUND
@@ -21,7 +20,7 @@ def surrogate(impl, **kwargs):
 
 
 def test_a_user_surrogate_replaces_the_clip_and_gets_its_kwargs():
-    fn = bind_policy_loss(surrogate("tests.loss.plugins.reinforce", scale=2.0))
+    fn = bind_policy_loss(surrogate("tests.plugins.reinforce", scale=2.0))
     # r = e^{0.5}, A = 1: loss -2 e^{0.5} (no clip at eps 0.2 would have capped it at -1.2 * 2 / 2).
     res = fn(inputs(t([[0.5]]), t([[1.0]]), [[1]], prox=t([[0.0]])))
     assert res.loss.item() == pytest.approx(-2 * math.exp(0.5), rel=1e-6)
@@ -30,15 +29,15 @@ def test_a_user_surrogate_replaces_the_clip_and_gets_its_kwargs():
 
 
 def test_a_whole_loss_plugin_replaces_the_staged_loss():
-    fn = bind_policy_loss(actor_config(loss={"compute": {"implementation": "tests.loss.plugins.whole_loss",
+    fn = bind_policy_loss(actor_config(loss={"compute": {"implementation": "tests.plugins.whole_loss",
                                                          "kwargs": {"weight": 3.0}}}))
     inp = inputs(t([[0.5, -0.2]]), t([[1.0, -1.0]]), [[1, 1]], prox=t([[0.0, 0.0]]))
     assert fn(inp).loss.item() == pytest.approx(3 * PolicyLoss()(inp).loss.item(), rel=1e-6)
 
 
 @pytest.mark.parametrize("impl,match", [
-    ("tests.loss.plugins.wrong_shape", r"token_loss has shape \(1,\); expected \(1, 2\)"),
-    ("tests.loss.plugins.nan_loss", "token_loss has NaN or inf on loss tokens"),
+    ("tests.plugins.wrong_shape", r"token_loss has shape \(1,\); expected \(1, 2\)"),
+    ("tests.plugins.nan_loss", "token_loss has NaN or inf on loss tokens"),
 ])
 def test_a_bad_surrogate_output_stops_naming_the_function(impl, match):
     fn = bind_policy_loss(surrogate(impl))
@@ -47,28 +46,27 @@ def test_a_bad_surrogate_output_stops_naming_the_function(impl, match):
 
 
 def test_a_bad_whole_loss_output_stops_naming_the_function():
-    fn = bind_policy_loss(actor_config(loss={"compute": {"implementation": "tests.loss.plugins.vector_loss"}}))
-    with pytest.raises(UserError, match=r"actor.loss.compute.implementation \(tests.loss.plugins.vector_loss\): "
+    fn = bind_policy_loss(actor_config(loss={"compute": {"implementation": "tests.plugins.vector_loss"}}))
+    with pytest.raises(UserError, match=r"actor.loss.compute.implementation \(tests.plugins.vector_loss\): "
                                         r"the loss must be a 0-dim float tensor"):
         fn(inputs(t([[0.5, 0.1]]), t([[1.0, 1.0]]), [[1, 1]]))
 
 
 def test_binding_problems_are_reported_together_naming_the_keys():
-    with deferred_validation():  # as the loader builds a config: the binder reports everything
-        cfg = actor_config(use_sapo_loss=True, loss={"surrogate": {"implementation": "tests.loss.plugins.missing",
-                                                                   "kwargs": {"nope": 1}}})
+    cfg = actor_config(validate=False, use_sapo_loss=True,
+                       loss={"surrogate": {"implementation": "tests.plugins.missing", "kwargs": {"nope": 1}}})
     with pytest.raises(ConfigError) as info:
         bind_policy_loss(cfg)
     msg = str(info.value)
-    assert "actor.use_sapo_loss=true conflicts with actor.loss.surrogate.implementation='tests.loss.plugins.missing'" in msg
-    assert "actor.loss.surrogate.implementation: module 'tests.loss.plugins' has no attribute 'missing'" in msg
+    assert "actor.use_sapo_loss=true conflicts with actor.loss.surrogate.implementation='tests.plugins.missing'" in msg
+    assert "actor.loss.surrogate.implementation: module 'tests.plugins' has no attribute 'missing'" in msg
     with pytest.raises(ConfigError, match=r"kwargs \{'scale': 2\.0\} do not fit no_kwargs"):
-        bind_policy_loss(surrogate("tests.loss.plugins.no_kwargs", scale=2.0))
-    with pytest.raises(ConfigError, match="the built-in 'clip' reads its settings from PPOActorConfig.eps_clip, "
-                                          "PPOActorConfig.eps_clip_higher, PPOActorConfig.c_clip"):
+        bind_policy_loss(surrogate("tests.plugins.no_kwargs", scale=2.0))
+    with pytest.raises(ConfigError, match="the built-in 'clip' reads its settings from actor.eps_clip, "
+                                          "actor.eps_clip_higher, actor.c_clip"):
         bind_policy_loss(surrogate("clip", eps_clip=0.1))
     with pytest.raises(ConfigError, match="replaces the whole policy loss and cannot be combined"):
-        bind_policy_loss(actor_config(loss={"compute": {"implementation": "tests.loss.plugins.whole_loss"},
+        bind_policy_loss(actor_config(loss={"compute": {"implementation": "tests.plugins.whole_loss"},
                                             "surrogate": {"implementation": "clip"}}))
 
 

@@ -6,8 +6,7 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from areal_trainer.config.base import deferred_validation
-from areal_trainer.config.loss import bind_policy_loss
+from areal_trainer.components.loss import bind_policy_loss
 from areal_trainer.loss import (
     PolicyLossInputs,
     loss_normalizer,
@@ -62,15 +61,13 @@ def test_binder_clamp_without_lower_clamps_from_zero():
 
 
 def test_binder_rejects_sapo_with_decoupled_loss():
-    with deferred_validation():
-        cfg = actor_config(use_sapo_loss=True, use_decoupled_loss=True)
+    cfg = actor_config(validate=False, use_sapo_loss=True, use_decoupled_loss=True)
     with pytest.raises(ValueError, match="SAPO is not compatible"):
         bind_policy_loss(cfg)
 
 
 def test_binder_rejects_bad_values_that_skipped_validation():
-    with deferred_validation():
-        cfg = actor_config(c_clip=1.0)
+    cfg = actor_config(validate=False, c_clip=1.0)
     with pytest.raises(ValueError, match="c_clip"):
         bind_policy_loss(cfg)
 

@@ -9,7 +9,7 @@ from areal_trainer.errors import UserError
 from areal_trainer.plugins import PluginError
 from areal_trainer.reward.functions import RewardFunction, RewardSample
 
-P = "tests.reward.plugins."
+P = "tests.plugins."
 
 
 def bind(name, style="auto", **kwargs):
@@ -74,7 +74,7 @@ def test_a_signature_that_fits_neither_form_names_the_key_and_both_forms(name):
     with pytest.raises(PluginError) as e:
         bind(name)
     msg = str(e.value)
-    assert msg.startswith(f"reward.fn: tests.reward.plugins.{name}(")
+    assert msg.startswith(f"reward.fn: tests.plugins.{name}(")
     assert "fits neither" in msg and "per sample: fn(prompt, completion, answer" in msg
     assert "batched, as in TRL: fn(prompts, completions" in msg
 
@@ -107,17 +107,17 @@ def test_results_are_checked():
     status, value = fn.check(float("nan"))
     assert status == "nonfinite" and math.isnan(value)
     assert fn.check(float("-inf"))[0] == "nonfinite" and fn.check(10 ** 400)[0] == "nonfinite"
-    with pytest.raises(UserError, match=r"^reward.fn: reward function tests.reward.plugins.exact returned '1.0' \(str\)"):
+    with pytest.raises(UserError, match=r"^reward.fn: reward function tests.plugins.exact returned '1.0' \(str\)"):
         fn.check("1.0")
 
 
 def test_batched_results_must_be_a_list_of_the_right_length():
     fn = bind("wrong_length")
-    with pytest.raises(UserError, match=r"batched reward function tests.reward.plugins.wrong_length returned 1 "
+    with pytest.raises(UserError, match=r"batched reward function tests.plugins.wrong_length returned 1 "
                                         r"values for 2 completions \(\[1.0\]\)"):
         fn.check_batch(fn.fn(**fn.batch_call(ROWS)[1]), 2)
     fn = bind("not_a_list")
-    with pytest.raises(UserError, match=r"tests.reward.plugins.not_a_list returned 1.0 \(float\); it must return a list"):
+    with pytest.raises(UserError, match=r"tests.plugins.not_a_list returned 1.0 \(float\); it must return a list"):
         fn.check_batch(1.0, 2)
     fn = bind("mixed_batch")
     checked = fn.check_batch(fn.fn(completions=[]), 4)

@@ -14,8 +14,8 @@ import pytest
 
 from areal_trainer.reward.pool import WorkerPool
 
-BEHAVE = "tests.reward.plugins.behave"
-IO_WAIT = "tests.reward.plugins.io_wait"
+BEHAVE = "tests.plugins.behave"
+IO_WAIT = "tests.plugins.io_wait"
 
 
 def call(*args, **kwargs):
@@ -95,7 +95,7 @@ def test_close_leaves_no_worker_alive_also_after_timeouts(tmp_path):
     pool = WorkerPool(2, timeout=1.0)
     seen = warm_pids(pool)
     pid_file = tmp_path / "child.pid"
-    out = pool.map("tests.reward.plugins.hang_with_child", [call(str(pid_file))])
+    out = pool.map("tests.plugins.hang_with_child", [call(str(pid_file))])
     assert out[0].status == "timeout"
     assert wait_dead(int(pid_file.read_text()))  # the reward's own subprocess was killed with its worker
     out = pool.map(BEHAVE, [call("pid"), call("hang"), call("pid")])
@@ -172,7 +172,7 @@ def test_workers_0_runs_in_process_and_still_catches():
     assert out[2].detail.startswith("SystemExit: 3")
     out = pool.map(IO_WAIT, [call(0.0), call(0.0, "hang"), call(0.0, "raise")])
     assert [o.status for o in out] == ["ok", "timeout", "error"]
-    assert pool.map("tests.reward.plugins.no_such_function", [call()])[0].status == "error"
+    assert pool.map("tests.plugins.no_such_function", [call()])[0].status == "error"
     assert pool.pids == [] and pool.restarts == 0
 
 
@@ -186,7 +186,7 @@ def test_workers_that_cannot_start_fail_the_calls_instead_of_looping():
 
 
 def test_a_missing_function_is_an_error_of_each_call(pool):
-    out = pool.map("tests.reward.plugins.no_such_function", [call("ok")] * 3)
+    out = pool.map("tests.plugins.no_such_function", [call("ok")] * 3)
     assert [o.status for o in out] == ["error"] * 3
     assert "has no attribute 'no_such_function'" in out[0].detail
 

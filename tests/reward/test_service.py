@@ -11,7 +11,7 @@ from areal_trainer.errors import UserError
 from areal_trainer.reward.functions import RewardFunction, RewardSample
 from areal_trainer.reward.service import FunctionReward, RewardService, SourceResult
 
-P = "tests.reward.plugins."
+P = "tests.plugins."
 
 
 def source(name, workers=0, timeout=5.0, **kwargs):
@@ -109,7 +109,7 @@ def test_every_kind_of_bad_behaviour_is_scored_and_counted():
 def test_too_many_failures_in_one_batch_stop_the_run_with_an_example():
     samples = [RewardSample("q", c, "a") for c in ("ok", "raise", "nan", "raise")]
     service = RewardService([source("by_completion")], max_error_fraction=0.5)
-    with pytest.raises(UserError, match=r"^reward source tests.reward.plugins.by_completion failed on 3 of 4 samples "
+    with pytest.raises(UserError, match=r"^reward source tests.plugins.by_completion failed on 3 of 4 samples "
                                         r"of one batch \(more than max_error_fraction=0.5\): 2 raised, 0 killed their "
                                         r"worker process, 1 returned NaN or infinity. Example: completion='raise', "
                                         r"answer='a' -> ValueError: cannot parse the completion"):
@@ -129,9 +129,9 @@ def test_timeouts_do_not_count_towards_the_stop():
 
 
 def test_contract_violations_stop_the_run():
-    with pytest.raises(UserError, match=r"reward function tests.reward.plugins.says_text returned '1.0' \(str\)"):
+    with pytest.raises(UserError, match=r"reward function tests.plugins.says_text returned '1.0' \(str\)"):
         RewardService([source("says_text")]).score(ROWS)
-    with pytest.raises(UserError, match=r"tests.reward.plugins.wrong_length returned 1 values for 3 completions"):
+    with pytest.raises(UserError, match=r"tests.plugins.wrong_length returned 1 values for 3 completions"):
         RewardService([source("wrong_length")]).score(ROWS)
     with pytest.raises(UserError, match=r"reward source bad gave 2 results for 3 samples"):
         RewardService([Fixed("bad", [1.0, 2.0])]).score(ROWS)

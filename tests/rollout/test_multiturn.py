@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from areal_trainer.advantage import AdvantageInputs, TrajBatchMeta, compute_advantages
-from areal_trainer.config import load_config
+from areal_trainer.advantage import AdvantageInputs, TrajBatchMeta
+from areal_trainer.components import load
 from areal_trainer.config.schema import GenerationHyperparameters
 from areal_trainer.errors import UserError
 from areal_trainer.model.builtin import build_tokenizer
@@ -250,8 +250,8 @@ def test_turn_ids_pass_turn_gae_validation(tok):
                       ["actor.advantage.estimator.implementation=turn_gae",
                        "actor.gae_lambda=areal_trainer.advantage.lambda_fn.relative_position_gae_lambda",
                        "+actor.gae_lambda_kwargs={q: 0.5}"]):
-        cfg = load_config("grpo", overrides).actor
-        res = compute_advantages(AdvantageInputs(batch, cfg, meta=TrajBatchMeta(traj_group_sizes=tuple(sizes))))
+        built = load("grpo", overrides)
+        res = built.advantage(AdvantageInputs(batch, built.config.actor, meta=TrajBatchMeta(traj_group_sizes=tuple(sizes))))
         m = res.loss_mask.bool()
         assert bool(torch.isfinite(res.advantages).all()) and bool((res.advantages[~m] == 0).all())
         # Turn-level GAE with kl_ctl = 0: one advantage per (row, turn) (batch adv_norm is affine).
@@ -265,5 +265,5 @@ def test_turn_ids_pass_turn_gae_validation(tok):
     bad["turn_ids"] = torch.where(batch["turn_ids"] == 1, torch.zeros_like(batch["turn_ids"]),
                                   torch.where(batch["turn_ids"] == 0, 1, batch["turn_ids"]))
     with pytest.raises(RuntimeError, match="nondecreasing"):
-        compute_advantages(AdvantageInputs(bad, load_config("grpo", ["actor.gae_timestep_unit=turn"]).actor,
-                                           meta=TrajBatchMeta(traj_group_sizes=tuple(sizes))))
+        built = load("grpo", ["actor.gae_timestep_unit=turn"])
+        built.advantage(AdvantageInputs(bad, built.config.actor, meta=TrajBatchMeta(traj_group_sizes=tuple(sizes))))

@@ -4,7 +4,7 @@ pretending there is one)."""
 import pytest
 import torch
 
-from areal_trainer.config import load_config
+from areal_trainer.components import load_config
 from areal_trainer.errors import UserError
 from areal_trainer.launch.command import processes_per_node
 

@@ -6,6 +6,7 @@ import torch
 
 from areal_trainer.data.loader import PromptLoader
 from areal_trainer.errors import UserError
+from areal_trainer.metrics import floats
 from areal_trainer.rollout.filters import has_reward_variance
 from areal_trainer.train.collect import collect_groups
 
@@ -31,7 +32,7 @@ def test_has_reward_variance():
 def test_fixed_batch_size_keeps_sampling_until_full():
     batch = collect_groups(_loader(), FakeWorkflow(), None, batch_size=4, accept=has_reward_variance,
                            dynamic_bs=False, max_rounds=8)
-    m = batch.metrics
+    m = floats(batch.metrics)
     assert batch.prompt_ids == [0, 2, 4, 6]
     # rounds ask for 4, then the 2 still missing, then 1: prompts 0..6, none skipped
     assert m["rollout/sampled_groups"] == 7 and m["rollout/accept_rate"] == 4 / 7
@@ -40,13 +41,13 @@ def test_fixed_batch_size_keeps_sampling_until_full():
 def test_dynamic_bs_trains_on_one_round():
     batch = collect_groups(_loader(), FakeWorkflow(), None, batch_size=4, accept=has_reward_variance,
                            dynamic_bs=True, max_rounds=8)
-    assert batch.prompt_ids == [0, 2] and batch.metrics["rollout/sampled_groups"] == 4
+    assert batch.prompt_ids == [0, 2] and floats(batch.metrics)["rollout/sampled_groups"] == 4
 
 
 def test_dynamic_bs_with_nothing_accepted_returns_empty():
     batch = collect_groups(_loader(), FakeWorkflow(), None, batch_size=4, accept=lambda g: False,
                            dynamic_bs=True, max_rounds=2)
-    m = batch.metrics
+    m = floats(batch.metrics)
     assert batch.groups == [] and m["rollout/sampled_groups"] == 8 and m["reward/sampled"] == 0.75
 
 

@@ -5,7 +5,7 @@ the trainer's own weights, never through the training buffer."""
 import pytest
 import torch
 
-from areal_trainer.config import load_config
+from areal_trainer.components import load
 from areal_trainer.data.loader import PromptLoader
 from areal_trainer.model.builtin import build_model, build_tokenizer
 from areal_trainer.reward.math import gsm8k_reward_fn
@@ -22,14 +22,15 @@ from areal_trainer.train.sources import SyncSource, build_rollout, rollout_mode
     (["rollout.max_head_offpolicyness=2", "rollout.offpolicy_mode=lagged"], LaggedSource, True),
 ])
 def test_sources_engines_and_evaluation(overrides, kind, copy):
-    cfg = load_config("grpo", ["+scale=tiny", *overrides])
+    built = load("grpo", ["+scale=tiny", *overrides])
+    cfg = built.config
     tok = build_tokenizer()
     model = build_model("builtin:tiny", tok, seed=0)
     mode = rollout_mode(cfg)
     loader = PromptLoader(list(range(8)), 2, shuffle=False, drop_last=True, seed=0,
                           mode="local" if mode == "concurrent" else "global")
     reward = RewardRunner(gsm8k_reward_fn, name="r", kwargs={}, error_value=0.0, max_error_fraction=1.0)
-    r = build_rollout(cfg, model=model, tokenizer=tok, reward=reward, loader=loader, device=torch.device("cpu"),
+    r = build_rollout(cfg, built.rollout, model=model, tokenizer=tok, reward=reward, loader=loader, device=torch.device("cpu"),
                       autocast_dtype=None, world_size=1, reduce_max=lambda x: x)
     assert isinstance(r.source, kind)
     assert (r.engine.model is not model) == copy

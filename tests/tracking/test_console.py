@@ -2,7 +2,7 @@
 
 import torch
 
-from areal_trainer.config import load_config
+from areal_trainer.components import load_config
 from areal_trainer.data.datasets import build_samples
 from areal_trainer.model.load import load_causal_lm, load_tokenizer
 from areal_trainer.tracking.console import ProgressPostfix

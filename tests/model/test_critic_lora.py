@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from areal_trainer.config import load_config
+from areal_trainer.components import load_config
 from areal_trainer.errors import UserError
 from areal_trainer.loss import value_loss
 from areal_trainer.model import lora

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from areal_trainer.data.loader import PromptLoader
 from areal_trainer.errors import UserError
+from areal_trainer.metrics import floats
 from areal_trainer.rollout.staleness import StalenessManager
 from areal_trainer.rollout.types import Generation
 from areal_trainer.train.async_rollout import AsyncSource, RolloutFailed
@@ -131,15 +132,15 @@ def test_fixed_batch_skips_rejected_groups_and_counts_them():
     batches = train(source(1, 2, accept=has_variance, rng=rng), 4, rng)
     for _, b in batches:
         assert all(i % 2 == 0 for i in b.prompt_ids)
-        assert b.metrics["rollout/accepted_groups"] == 2 and b.metrics["rollout/sampled_groups"] >= 2
-    assert sum(b.metrics["rollout/sampled_groups"] for _, b in batches) >= 8
+        assert floats(b.metrics)["rollout/accepted_groups"] == 2 and floats(b.metrics)["rollout/sampled_groups"] >= 2
+    assert sum(floats(b.metrics)["rollout/sampled_groups"] for _, b in batches) >= 8
 
 
 def test_dynamic_bs_trains_on_the_accepted_of_each_batch_of_attempts():
     rng = random.Random(3)
     batches = train(source(1, 4, accept=has_variance, dynamic_bs=True, rng=rng), 4, rng)
     for _, b in batches:
-        assert b.metrics["rollout/sampled_groups"] == 4 and b.prompt_ids == sorted(b.prompt_ids)
+        assert floats(b.metrics)["rollout/sampled_groups"] == 4 and b.prompt_ids == sorted(b.prompt_ids)
         assert len(b.groups) == 2  # prompts 4k .. 4k+3: the even ones have reward variance
 
 
@@ -212,8 +213,8 @@ def test_overlap_and_idle_metrics_are_fractions():
     rng = random.Random(8)
     batches = train(source(1, 2, rng=rng), 4, rng, pause=0.05)
     for _, b in batches[1:]:
-        m = b.metrics
+        m = floats(b.metrics)
         for k in ("rollout/overlap_frac", "rollout/trainer_idle_frac", "rollout/generator_idle_frac"):
             assert 0.0 <= m[k] <= 1.0
         assert m["rollout/overlap_frac"] > 0  # the thread generated while the trainer 'trained'
-    assert torch.tensor([b.metrics["time/rollout_wait"] for _, b in batches]).min() >= 0
+    assert torch.tensor([floats(b.metrics)["time/rollout_wait"] for _, b in batches]).min() >= 0

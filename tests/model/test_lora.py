@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from areal_trainer.config import load_config
+from areal_trainer.components import load_config
 from areal_trainer.config.actor import PPOActorConfig
 from areal_trainer.errors import UserError
 from areal_trainer.model import lora

@@ -5,15 +5,18 @@ import copy
 
 import torch
 
-from areal_trainer.config import load_config
-from areal_trainer.config.loss import bind_policy_loss
+from areal_trainer.components import load_config
+from areal_trainer.components.loss import bind_policy_loss
 from areal_trainer.config.parts import MicroBatchSpec
+from areal_trainer.dist import DistContext
+from areal_trainer.loss import PolicyLogprobs
 from areal_trainer.model.builtin import build_model, build_tokenizer
-from areal_trainer.train.step import policy_update
+from areal_trainer.train.batch import UpdateBatch
+from areal_trainer.train.policy_model import PolicyModel
 from areal_trainer.train.update import balanced_partition, micro_batches
 
 
-def _batch(tok, rows=6, width=10):
+def _batch(tok, rows=6, width=10, nan_at=None) -> UpdateBatch:
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(10, len(tok), (rows, width), generator=g)
     am = torch.ones_like(ids)
@@ -23,8 +26,19 @@ def _batch(tok, rows=6, width=10):
     lm[:, 2:] = 1
     lm = lm * torch.roll(am, -1, 1)
     lm[:, -1] = 0
-    return {"input_ids": ids, "attention_mask": am, "loss_mask": lm, "old_logp": -torch.rand(rows, width, generator=g) * lm,
-            "advantages": torch.randn(rows, width, generator=g) * lm, "versions": torch.zeros(rows, width, dtype=torch.int32)}
+    old = -torch.rand(rows, width, generator=g) * lm
+    adv = torch.randn(rows, width, generator=g) * lm
+    if nan_at is not None:
+        adv[nan_at] = float("nan")
+    policies = PolicyLogprobs(old, old, torch.zeros(rows, width, dtype=torch.int32), 0)
+    return UpdateBatch(ids, am, lm, adv, policies)
+
+
+def _policy(cfg, model, tok, opt) -> PolicyModel:
+    policy = PolicyModel(model, cfg, tokenizer=tok, device=torch.device("cpu"), dist=DistContext(), adapter_dir=None,
+                         base_changed=False)
+    policy.optimizer = opt
+    return policy
 
 
 def _grads(n_mbs, mode="token-mean"):
@@ -36,11 +50,9 @@ def _grads(n_mbs, mode="token-mean"):
                                "actor.optimizer.weight_decay=0", "actor.optimizer.gradient_clipping=0"]).actor
     before = copy.deepcopy(model.state_dict())
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
-    batch = _batch(tok)
-    batch["prox_logp"] = batch["old_logp"]
-    metrics, skipped = policy_update(model, opt, batch, loss_fn=bind_policy_loss(cfg), actor_cfg=cfg, version=0,
-                                     autocast_dtype=None)
-    return {k: before[k] - v for k, v in model.state_dict().items()}, metrics, skipped
+    result = _policy(cfg, model, tok, opt).update(_batch(tok), None, loss_fn=bind_policy_loss(cfg), version=0,
+                                                  n_minibatches=cfg.ppo_n_minibatches)
+    return {k: before[k] - v for k, v in model.state_dict().items()}, result.metrics, result.n_skipped
 
 
 def test_micro_batch_split_does_not_change_the_update():
@@ -49,7 +61,7 @@ def test_micro_batch_split_does_not_change_the_update():
         four, m4, _ = _grads(4, mode)
         for k in one:
             torch.testing.assert_close(one[k], four[k], atol=2e-6, rtol=1e-4)
-        assert abs(m1["actor/n_valid_tokens"] - m4["actor/n_valid_tokens"]) < 1e-9
+        assert abs(m1["actor/n_valid_tokens"].value - m4["actor/n_valid_tokens"].value) < 1e-9
 
 
 def test_partitions_cover_all_rows():
@@ -64,15 +76,29 @@ def test_nonfinite_loss_skips_step():
     model = build_model("builtin:tiny", tok, seed=0)
     cfg = load_config("grpo", ["actor.use_decoupled_loss=false", "actor.rejection_sampling=null"]).actor
     before = copy.deepcopy(model.state_dict())
-    batch = _batch(tok)
-    batch["advantages"][0, 2] = float("nan")  # a valid position
-    batch["prox_logp"] = batch["old_logp"]
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    metrics, skipped = policy_update(model, opt, batch, loss_fn=bind_policy_loss(cfg), actor_cfg=cfg, version=0,
-                                     autocast_dtype=None)
-    assert skipped == 1 and metrics["update/skipped_steps"] == 1
+    result = _policy(cfg, model, tok, opt).update(_batch(tok, nan_at=(0, 2)), None, loss_fn=bind_policy_loss(cfg),
+                                                  version=0, n_minibatches=1)  # NaN at a trained position
+    assert (result.n_steps, result.n_skipped, result.all_skipped) == (1, 1, True)
+    assert result.metrics["update/skipped_steps"].value == 1
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k])
+
+
+def test_an_update_with_fewer_rows_than_minibatches_counts_every_step_it_ran():
+    """4 minibatches asked for, 2 rows: 2 optimizer steps run, both skipped, so the update skipped all of
+    them (the loop's count of consecutive skipped updates must advance, not reset)."""
+    tok = build_tokenizer()
+    model = build_model("builtin:tiny", tok, seed=0)
+    cfg = load_config("grpo", ["actor.use_decoupled_loss=false", "actor.rejection_sampling=null",
+                               "actor.ppo_n_minibatches=4"]).actor
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    batch = _batch(tok, rows=2)
+    nan = UpdateBatch(batch.input_ids, batch.attention_mask, batch.loss_mask,
+                      batch.advantages.masked_fill(batch.loss_mask.bool(), float("nan")), batch.policies)
+    result = _policy(cfg, model, tok, opt).update(nan, None, loss_fn=bind_policy_loss(cfg), version=0,
+                                                  n_minibatches=cfg.ppo_n_minibatches)
+    assert (result.n_steps, result.n_skipped, result.all_skipped) == (2, 2, True)
 
 
 def test_micro_batch_granularity_and_divisor():

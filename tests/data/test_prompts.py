@@ -9,8 +9,8 @@ import json
 
 import pytest
 
+from areal_trainer.components import load, load_config
 from areal_trainer.config.base import ConfigError
-from areal_trainer.config.loader import load_config
 from areal_trainer.config.schema import DatasetConfig
 from areal_trainer.data.datasets import build_samples
 from areal_trainer.errors import UserError
@@ -116,17 +116,20 @@ def test_empty_system_prompt_and_suffix_mean_none(tok, tmp_path):
 
 
 def test_valid_dataset_asks_as_train_dataset_unless_set():
-    cfg = load_config("grpo", [])
-    for section in (cfg.train_dataset, cfg.valid_dataset):
+    """The evaluation's dataset takes train_dataset's prompt keys where its own are null (bound at start-up;
+    the config itself, and the run's saved config, keep what the user wrote)."""
+    built = load("grpo", [])
+    for section in (built.config.train_dataset, built.valid_dataset):
         assert (section.system_prompt, section.prompt_template, section.prompt_suffix) == (None, None, None)
-    cfg = load_config("grpo", ["train_dataset.system_prompt='Be brief.'", "train_dataset.prompt_template='Q: {question}'",
-                               "train_dataset.prompt_suffix=' (a number)'"])
-    assert (cfg.valid_dataset.system_prompt, cfg.valid_dataset.prompt_template,
-            cfg.valid_dataset.prompt_suffix) == ("Be brief.", "Q: {question}", " (a number)")
-    cfg = load_config("grpo", ["train_dataset.system_prompt='Be brief.'", "train_dataset.prompt_template='Q: {question}'",
-                               "valid_dataset.system_prompt=''", "valid_dataset.prompt_template='{question}?'"])
-    assert (cfg.valid_dataset.system_prompt, cfg.valid_dataset.prompt_template) == ("", "{question}?")
-    assert cfg.train_dataset.system_prompt == "Be brief."
+    built = load("grpo", ["train_dataset.system_prompt='Be brief.'", "train_dataset.prompt_template='Q: {question}'",
+                          "train_dataset.prompt_suffix=' (a number)'"])
+    assert (built.valid_dataset.system_prompt, built.valid_dataset.prompt_template,
+            built.valid_dataset.prompt_suffix) == ("Be brief.", "Q: {question}", " (a number)")
+    assert built.config.valid_dataset.system_prompt is None
+    built = load("grpo", ["train_dataset.system_prompt='Be brief.'", "train_dataset.prompt_template='Q: {question}'",
+                          "valid_dataset.system_prompt=''", "valid_dataset.prompt_template='{question}?'"])
+    assert (built.valid_dataset.system_prompt, built.valid_dataset.prompt_template) == ("", "{question}?")
+    assert built.config.train_dataset.system_prompt == "Be brief."
 
 
 def test_bad_templates_are_all_reported_before_anything_loads():
@@ -149,18 +152,16 @@ def test_bad_templates_are_all_reported_before_anything_loads():
 
 
 def test_unknown_placeholder_next_to_question_and_unbalanced_braces():
-    with pytest.raises(ConfigError) as e:
-        DatasetConfig(prompt_template="{question} in \\boxed{}", system_prompt="{question}")
-    assert e.value.problems == [
+    problems = DatasetConfig(prompt_template="{question} in \\boxed{}", system_prompt="{question}").check("DatasetConfig")
+    assert problems == [
         "DatasetConfig.prompt_template: got '{question} in \\\\boxed{}', with the unknown placeholder {}; only "
         "{question} is filled in. Write literal braces doubled ({{ and }}, e.g. \\boxed{{}}), or put such text in "
         "DatasetConfig.prompt_suffix, which is used verbatim.",
         "DatasetConfig.system_prompt: got '{question}', with the placeholder {question}; the system prompt takes no "
         "placeholders (the question goes in DatasetConfig.prompt_template). Write literal braces doubled ({{ and }}).",
     ]
-    with pytest.raises(ConfigError) as e:
-        DatasetConfig(prompt_template="{question} }", system_prompt="a { b")
-    assert e.value.problems == [
+    problems = DatasetConfig(prompt_template="{question} }", system_prompt="a { b").check("DatasetConfig")
+    assert problems == [
         "DatasetConfig.prompt_template: got '{question} }', which is not a valid template (Single '}' encountered in "
         "format string); write literal braces doubled ({{ and }}) and the placeholder as {question}.",
         "DatasetConfig.system_prompt: got 'a { b', which is not valid (expected '}' before end of string); write "

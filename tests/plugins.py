@@ -1,0 +1,317 @@
+"""The user functions the tests name by import path (``tests.plugins.<name>``): advantage stages, loss
+surrogates and whole losses, reward functions (also run in reward worker processes), workflows and
+filters. ``tests/plugins_broken.py`` is the one module that fails to import, on purpose."""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import torch
+
+from areal_trainer.advantage import AdvantageResult, OutcomeResult, TemporalResult
+from areal_trainer.loss import PolicyLoss, PolicyLossResult, SurrogateResult
+
+# -- advantage stages ------------------------------------------------------------------------------
+
+NOT_CALLABLE = 42
+SEEN: dict[str, object] = {}
+"""What the recording functions saw last."""
+
+
+def scale_outcome(inputs, *, factor: float) -> OutcomeResult:
+    return OutcomeResult(rewards=inputs.data["rewards"] * factor)
+
+
+def int_outcome(inputs) -> OutcomeResult:
+    return OutcomeResult(rewards=inputs.data["rewards"].long())
+
+
+def wrong_shape_outcome(inputs) -> OutcomeResult:
+    return OutcomeResult(rewards=inputs.data["rewards"][None].float())
+
+
+def nan_outcome(inputs) -> OutcomeResult:
+    return OutcomeResult(rewards=inputs.data["rewards"].float() * float("nan"))
+
+
+def mutating_outcome(inputs) -> OutcomeResult:
+    inputs.data["loss_mask"].mul_(1)
+    return OutcomeResult(rewards=inputs.data["rewards"].float())
+
+
+def tuple_outcome(inputs):
+    return (inputs.data["rewards"].float(),)
+
+
+def nan_estimator(inputs) -> TemporalResult:
+    bad = torch.full_like(inputs.values, float("nan"))
+    return TemporalResult(advantages=bad, returns=inputs.values, total_rewards=inputs.values)
+
+
+def zero_process(inputs, *, value: float = 0.0) -> torch.Tensor:
+    return torch.full_like(inputs.advantages, value)
+
+
+def short_process(inputs) -> torch.Tensor:
+    return inputs.advantages[:, :-1]
+
+
+def recording_lambda(ctx, *, value: float = 1.0) -> torch.Tensor:
+    SEEN["lambda_ctx"] = ctx
+    return torch.full_like(ctx.timestep_lengths, value)
+
+
+def _result(inputs, **override) -> AdvantageResult:
+    ids = inputs.data["input_ids"]
+    zeros = torch.zeros(ids.shape)
+    fields = dict(advantages=torch.ones(ids.shape), returns=zeros, loss_mask=zeros, logprobs=zeros,
+                  outcome_rewards=torch.zeros(ids.shape[0]), total_rewards=zeros, kl_rewards=zeros)
+    fields.update(override)
+    return AdvantageResult(**fields)
+
+
+def constant_advantages(inputs, *, value: float = 1.0) -> AdvantageResult:
+    ids = inputs.data["input_ids"]
+    return _result(inputs, advantages=torch.full(ids.shape, value))
+
+
+def non_binary_mask(inputs) -> AdvantageResult:
+    return _result(inputs, loss_mask=torch.full(inputs.data["input_ids"].shape, 0.5))
+
+
+def overwriting_extras(inputs) -> AdvantageResult:
+    return _result(inputs, extras={"input_ids": inputs.data["input_ids"], "prox_logp": torch.zeros(1)})
+
+
+def inf_returns(inputs) -> AdvantageResult:
+    return _result(inputs, returns=torch.full(inputs.data["input_ids"].shape, float("inf")))
+
+
+def mutating_replacement(inputs) -> AdvantageResult:
+    inputs.data["rewards"].add_(1)
+    return _result(inputs)
+
+
+def record_baseline(inputs):
+    """A group baseline that records what it sees and returns the scores unchanged."""
+    SEEN["baseline"] = {"scores": inputs.scores.tolist(), "rewards": inputs.rewards.tolist(),
+                        "sizes": inputs.group_sizes}
+    return inputs.scores
+
+
+def wrong_shape_baseline(inputs):
+    """A group baseline that returns one value per group instead of per row."""
+    return inputs.scores[:1]
+
+# -- policy losses ---------------------------------------------------------------------------------
+
+def reinforce(x, *, scale: float = 1.0) -> SurrogateResult:
+    """``-scale * A * r``: the plain importance-weighted policy gradient, no clip."""
+    return SurrogateResult(-scale * x.advantages * x.ratio, {"actor/reinforce/scale": torch.tensor(scale)})
+
+
+def wrong_shape(x) -> SurrogateResult:
+    return SurrogateResult(x.ratio.sum(-1), {})
+
+
+def nan_loss(x) -> SurrogateResult:
+    return SurrogateResult(x.ratio * float("nan"), {})
+
+
+def whole_loss(inputs, *, normalizer=None, weight: float = 1.0) -> PolicyLossResult:
+    """The default loss, scaled: a whole-loss plugin that delegates."""
+    res = PolicyLoss()(inputs, normalizer)
+    return PolicyLossResult(weight * res.loss, {"actor/whole/weight": torch.tensor(weight)})
+
+
+def vector_loss(inputs, *, normalizer=None) -> PolicyLossResult:
+    return PolicyLossResult(inputs.logprobs.sum(-1), {})
+
+
+def no_kwargs(x):
+    return SurrogateResult(x.ratio, {})
+
+# -- rewards, workflows and filters of the command-line tests --------------------------------------
+
+def digit_share_reward(prompt: str, completion: str, answer: str) -> float:
+    """The share of digits in the completion: varies between the answers of an untrained model, so every
+    group has a reward signal (the task reward is 0 for almost all of them)."""
+    return sum(c.isdigit() for c in completion) / max(len(completion), 1)
+
+
+def reject_all(group) -> bool:
+    """A dynamic filter that accepts no group: with dynamic_bs every step has nothing to train on."""
+    return False
+
+
+def hanging_reward(prompt: str, completion: str, answer: str) -> float:
+    """A reward function that never returns (in practice: a stuck external verifier)."""
+    import time
+
+    time.sleep(3600)
+    return 0.0
+
+
+class NoRolloutWorkflow:
+    """A workflow class without the protocol's ``rollout`` method."""
+
+    def __init__(self, *, engine, tokenizer, reward):
+        pass
+
+
+class WrongRolloutWorkflow(NoRolloutWorkflow):
+    """``rollout`` without the gconfig argument."""
+
+    def rollout(self, samples):
+        return []
+
+# -- rewards of the reward-execution tests ---------------------------------------------------------
+
+def behave(mode: str, value: float = 1.0):
+    """Do what ``mode`` says: return, hang, raise, or end the process in one of several ways."""
+    if mode == "ok":
+        return value
+    if mode == "pid":
+        return os.getpid()
+    if mode == "hang":
+        time.sleep(3600)
+    if mode == "spin":
+        while True:
+            pass
+    if mode == "raise":
+        raise ValueError("cannot parse the completion")
+    if mode == "exit":
+        os._exit(1)
+    if mode == "sys_exit":
+        sys.exit(3)
+    if mode == "segfault":
+        ctypes.string_at(0)
+    if mode == "oom_kill":  # what the kernel's OOM killer does
+        os.kill(os.getpid(), signal.SIGKILL)
+    if mode == "nan":
+        return float("nan")
+    if mode == "none":
+        return None
+    if mode == "text":
+        return "1.0"
+    raise AssertionError(f"unknown mode {mode!r}")
+
+
+def hang_with_child(pid_file: str):
+    """Start a subprocess, write its pid, and hang: a timeout must kill the subprocess too."""
+    child = subprocess.Popen(["sleep", "3600"])
+    with open(pid_file, "w") as f:
+        f.write(str(child.pid))
+    time.sleep(3600)
+
+
+async def io_wait(seconds: float, mode: str = "ok"):
+    """An async reward waiting on (simulated) I/O; ``mode`` as in :func:`behave`, plus ``block``."""
+    if mode == "hang":
+        await asyncio.sleep(3600)
+    if mode == "block":  # blocks the worker's event loop: only killing the worker ends it
+        time.sleep(3600)
+    await asyncio.sleep(seconds)
+    return behave(mode)
+
+
+def by_completion(prompt, completion, answer, **kwargs):
+    """Per-sample reward: the completion says what to do (``"ok:0.5"``, ``"hang"``, ``"raise"``...)."""
+    mode, _, value = completion.partition(":")
+    return behave(mode, float(value) if value else 1.0)
+
+
+def exact(prompt, completion, answer):
+    return 1.0 if completion.strip() == str(answer) else 0.0
+
+
+def close_enough(prompt, completion, answer, tolerance=0.0):
+    """Per-sample reward with a row field: 1.0 when the number is within ``tolerance`` of the answer."""
+    return 1.0 if abs(float(completion) - float(answer)) <= tolerance else 0.0
+
+
+def _text(completion):
+    return completion[-1]["content"] if isinstance(completion, list) else completion
+
+
+def accuracy(completions, solution, **kwargs):
+    """TRL-style batched reward: 1.0 where the completion equals the row's ``solution`` column."""
+    return [1.0 if _text(c).strip() == s else 0.0 for c, s in zip(completions, solution)]
+
+
+def length_or_none(completions, **kwargs):
+    """Batched: None (not applicable) for empty completions, else the length."""
+    return [float(len(c)) if c else None for c in completions]
+
+
+def echo_kwargs(prompt, completion, answer, **kwargs):
+    return kwargs
+
+
+def takes_solution(prompt, completion, answer, solution, scale=1.0):
+    return scale * (completion == solution)
+
+
+async def async_exact(prompt, completion, answer):
+    await asyncio.sleep(0)
+    return 1.0 if completion == answer else 0.0
+
+
+async def async_batched(prompts, completions, **kwargs):
+    await asyncio.sleep(0)
+    return [1.0] * len(completions)
+
+
+def one_arg(completion):
+    return 0.0
+
+
+def two_args(prompt, completion):
+    return 0.0
+
+
+def wrong_length(completions, **kwargs):
+    return [1.0]
+
+
+def not_a_list(completions, **kwargs):
+    return 1.0
+
+
+def mixed_batch(completions, **kwargs):
+    return [float("nan"), None, True, 2]
+
+
+def says_text(prompt, completion, answer):
+    return "1.0"
+
+
+def positional_only(prompt, completion, answer, extra, /):
+    return 0.0
+
+
+
+
+def solution_only(completions, solution):
+    return [float(c == s) for c, s in zip(completions, solution)]
+
+
+_SEEN_GROUPS = [0]
+
+
+def every_other_group(group) -> bool:
+    """A dynamic filter that accepts every second group it sees (a batch of 2 prompts keeps one)."""
+    _SEEN_GROUPS[0] += 1
+    return _SEEN_GROUPS[0] % 2 == 1
+
+
+def nan_gradient_loss(inputs, *, normalizer=None) -> PolicyLossResult:
+    """A whole policy loss whose value is finite (0) but whose gradient is NaN: d sqrt|x| / dx at x = 0."""
+    loss = (inputs.logprobs - inputs.logprobs.detach()).abs().sqrt().sum()
+    return PolicyLossResult(loss, {})
