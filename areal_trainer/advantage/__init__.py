@@ -18,39 +18,23 @@ Stage signatures (``kwargs`` come from the config)::
 See :mod:`areal_trainer.advantage.datatypes` for the tensor conventions.
 """
 
-from .datatypes import (
-    EXTRAS_WHITELIST,
-    AdvantageInputs,
-    AdvantageResult,
-    GroupBaselineInputs,
-    OutcomeResult,
-    OutcomeRewardInputs,
-    ProcessAdvantageInputs,
-    RolloutGroup,
-    TemporalInputs,
-    TemporalResult,
-    TrajBatchMeta,
-)
-from .gae import GAELambdaContext, GAELambdaInputs, compute_gae_lambda
-from .settings import AdvantageSettings, Norm
-from .stages import AdvantageFn
+import importlib
 
-__all__ = [
-    "EXTRAS_WHITELIST",
-    "AdvantageFn",
-    "AdvantageInputs",
-    "AdvantageSettings",
-    "AdvantageResult",
-    "GAELambdaContext",
-    "GAELambdaInputs",
-    "GroupBaselineInputs",
-    "Norm",
-    "OutcomeResult",
-    "OutcomeRewardInputs",
-    "ProcessAdvantageInputs",
-    "RolloutGroup",
-    "TemporalInputs",
-    "TemporalResult",
-    "TrajBatchMeta",
-    "compute_gae_lambda",
-]
+_HOME = {
+    **dict.fromkeys(("EXTRAS_WHITELIST", "AdvantageInputs", "AdvantageResult", "GroupBaselineInputs", "OutcomeResult",
+                     "OutcomeRewardInputs", "ProcessAdvantageInputs", "RolloutGroup", "TemporalInputs",
+                     "TemporalResult", "TrajBatchMeta"), "datatypes"),
+    **dict.fromkeys(("GAELambdaContext", "GAELambdaInputs", "compute_gae_lambda"), "gae"),
+    "AdvantageSettings": "settings",
+    "AdvantageFn": "stages",
+}
+"""Where each public name lives. They are imported on first use, so that the schema can import the
+torch-free ``settings`` module (its ``Norm``) without importing torch."""
+
+__all__ = sorted(_HOME)
+
+
+def __getattr__(name: str):
+    if name not in _HOME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_HOME[name]}", __name__), name)

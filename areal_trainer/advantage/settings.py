@@ -1,4 +1,5 @@
 """The settings the built-in advantage stages read, bound once at start-up (``components/advantage.py``).
+This module imports nothing (no torch): the schema builds its normalisation sections on :class:`Norm`.
 
 The stages never read a config object: they read one frozen :class:`AdvantageSettings`, whose field
 names are the actor keys they come from (``reward_bias``, ``adv_norm``, ``gae_timestep_unit``, ...), so
@@ -9,41 +10,38 @@ stages still carry the actor config as ``config`` for user stages (the seed API)
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import Any, Optional
 
 
-@dataclass(frozen=True)
+@dataclass
 class Norm:
-    """``(x - mean) / (std + eps)`` over a batch or a group (``actor.reward_norm``, ``actor.adv_norm``).
+    """Normalisation of rewards (``[B]``) or advantages (``[B, S]``): ``(x - mean) / (std + eps)``."""
 
-    Attributes:
-        mean_level: ``batch``, ``group`` or None (no centring).
-        mean_leave1out: centre each element by the mean of the *other* elements (RLOO).
-        std_level: ``batch``, ``group`` or None (no scaling and no eps).
-        std_unbiased: Bessel's correction.
-        eps: added to the std in the denominator.
-        group_size: rows per group when the batch carries no group metadata.
-    """
-
-    mean_level: str | None = "batch"
+    mean_level: Optional[str] = "batch"
+    """Where the centring mean comes from: ``batch``, ``group`` (rows of one prompt) or null (no centring)."""
     mean_leave1out: bool = False
-    std_level: str | None = "batch"
+    """Leave-one-out mean: each element is centred by the mean of the *other* elements (RLOO)."""
+    std_level: Optional[str] = "batch"
+    """Where the scaling std comes from: ``batch``, ``group`` or null (no scaling, and no eps)."""
     std_unbiased: bool = True
+    """Bessel's correction (divide by n-1)."""
     eps: float = 1e-5
+    """Added to the std in the denominator."""
     group_size: int = 1
+    """Rows per group, used only when the batch carries no group metadata (then it must divide the batch)."""
 
     @property
     def uses_group_statistics(self) -> bool:
         return self.mean_level == "group" or self.std_level == "group"
 
-    @classmethod
-    def of(cls, cfg: Any) -> Norm | None:
-        """The settings of a normalisation section (any object with these attributes), or None."""
-        if cfg is None:
-            return None
-        return cls(mean_level=cfg.mean_level, mean_leave1out=bool(cfg.mean_leave1out), std_level=cfg.std_level,
-                   std_unbiased=bool(cfg.std_unbiased), eps=float(cfg.eps), group_size=int(cfg.group_size))
+
+def norm_of(cfg: Any) -> Norm | None:
+    """A bound copy of a normalisation section (``actor.reward_norm``, ``actor.adv_norm``), or None: the
+    settings never share an object with the configuration."""
+    if cfg is None:
+        return None
+    return Norm(**{f.name: getattr(cfg, f.name) for f in fields(Norm)})
 
 
 @dataclass(frozen=True)

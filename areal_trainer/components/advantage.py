@@ -22,7 +22,7 @@ from ..advantage import lambda_fn
 from ..advantage.gae import GAELambdaContext
 from ..advantage.pipeline import Stage, Stages, run_default
 from ..advantage.process import GVPO_DEFAULTS
-from ..advantage.settings import AdvantageSettings, Norm
+from ..advantage.settings import AdvantageSettings, norm_of
 from ..advantage.stages import BUILTINS, AdvantageFn
 from ..config.areal_keys import StageChoice, baseline_choice, estimator_choice
 from ..errors import ConfigError, is_number, one_of
@@ -36,13 +36,13 @@ def advantage_settings(actor) -> AdvantageSettings:
     """The settings the built-in stages read, from the actor keys of the same names."""
     return AdvantageSettings(
         reward_bias=float(actor.reward_bias), reward_scaling=float(actor.reward_scaling),
-        reward_clip=float(actor.reward_clip), reward_norm=Norm.of(actor.reward_norm),
+        reward_clip=float(actor.reward_clip), reward_norm=norm_of(actor.reward_norm),
         overlong_reward_penalty=bool(actor.overlong_reward_penalty), overlong_tokens=actor.overlong_tokens,
         overlong_penalty_factor=actor.overlong_penalty_factor, max_new_tokens=int(actor.max_new_tokens),
         mask_no_eos_with_zero=bool(actor.mask_no_eos_with_zero), kl_ctl=float(actor.kl_ctl),
         kl_estimator=actor.kl_estimator, discount=float(actor.discount),
         gae_lambda_kwargs=dict(actor.gae_lambda_kwargs), gae_timestep_unit=actor.gae_timestep_unit,
-        adv_norm=Norm.of(actor.adv_norm), token_rewards_as_adv=bool(actor.token_rewards_as_adv))
+        adv_norm=norm_of(actor.adv_norm), token_rewards_as_adv=bool(actor.token_rewards_as_adv))
 
 
 def bind_advantage(actor_cfg, key: str = "actor") -> AdvantageFn:

@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
+from ..advantage.settings import Norm
 from ..dtypes import DTYPE_NAMES
 from .base import Checked, at_least_one, fraction, is_number, one_of
 from .maths import maths
@@ -31,25 +32,9 @@ def _json_problems(key: str, value: Any) -> list[str]:
 
 
 @dataclass
-class NormConfig(Checked):
-    """Normalisation of rewards (``[B]``) or advantages (``[B, S]``): ``(x - mean) / (std + eps)``."""
-
-    mean_level: Optional[str] = "batch"
-    """Where the centring mean comes from: ``batch``, ``group`` (rows of one prompt) or null (no centring)."""
-    mean_leave1out: bool = False
-    """Leave-one-out mean: each element is centred by the mean of the *other* elements (RLOO)."""
-    std_level: Optional[str] = "batch"
-    """Where the scaling std comes from: ``batch``, ``group`` or null (no scaling, and no eps)."""
-    std_unbiased: bool = True
-    """Bessel's correction (divide by n-1)."""
-    eps: float = 1e-5
-    """Added to the std in the denominator."""
-    group_size: int = 1
-    """Rows per group, used only when the batch carries no group metadata (then it must divide the batch)."""
-
-    @property
-    def uses_group_statistics(self) -> bool:
-        return self.mean_level == "group" or self.std_level == "group"
+class NormConfig(Norm, Checked):
+    """Normalisation of rewards (``[B]``) or advantages (``[B, S]``): ``(x - mean) / (std + eps)``
+    (the fields are ``advantage.settings.Norm``'s)."""
 
     def check(self, key: str) -> list[str]:
         levels = maths().NORM_LEVELS

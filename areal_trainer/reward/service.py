@@ -28,8 +28,9 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 from ..errors import UserError
+from .dispatch import CallOutcome
 from .functions import RewardFunction, RewardSample
-from .pool import CallOutcome, WorkerPool, run_sync
+from .pool import WorkerPool, run_sync
 
 STATUSES = ("ok", "none", "error", "timeout", "died", "nonfinite")
 COUNTERS = ("errors", "timeouts", "worker_deaths", "nonfinite", "none", "all_none")

@@ -44,7 +44,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from areal_trainer.rollout.openai_types import ChatCompletion, ChatRequest, RequestError, parse_chat_request
+from areal_trainer.rollout.openai_request import ChatRequest, RequestError, parse_chat_request
+from areal_trainer.rollout.openai_types import ChatCompletion
 
 logger = logging.getLogger(__name__)
 

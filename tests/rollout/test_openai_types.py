@@ -7,17 +7,14 @@ import json
 import openai.types.chat as openai_chat
 import pytest
 
+from areal_trainer.rollout.openai_request import ChatMessage, RequestError, error_body, parse_chat_request
 from areal_trainer.rollout.openai_types import (
     ChatCompletion,
     ChatCompletionMessage,
     ChatCompletionMessageToolCall,
-    ChatMessage,
     Choice,
     CompletionUsage,
     Function,
-    RequestError,
-    error_body,
-    parse_chat_request,
 )
 
 

@@ -11,15 +11,14 @@ import httpx
 import openai
 import pytest
 
+from areal_trainer.rollout.openai_request import ChatRequest, RequestError
 from areal_trainer.rollout.openai_types import (
     ChatCompletion,
     ChatCompletionMessage,
     ChatCompletionMessageToolCall,
-    ChatRequest,
     Choice,
     CompletionUsage,
     Function,
-    RequestError,
 )
 from areal_trainer.rollout.server import EndpointServer, LoopHandler
 

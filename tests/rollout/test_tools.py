@@ -12,14 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from areal_trainer.rollout.tool_parsers import TOOL_CALL_PARSERS, ParsedOutput, ToolCall, get_parser
 from areal_trainer.rollout.tools import (
-    TOOL_CALL_PARSERS,
-    ParsedOutput,
     Tool,
-    ToolCall,
     ToolResult,
     arun_tool,
-    get_parser,
     run_tool,
     tool_from_function,
     tool_from_openai,
