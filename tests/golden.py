@@ -115,7 +115,8 @@ class Rule:
 EXACT = Rule(0, _unit, "a count, or decided by sampled tokens and thresholds: the same on every CPU")
 RULES: list[tuple[tuple[str, ...], Rule]] = [
     (("step", "data/prompt_ids", "lr", "sft/steps", "*n_valid_tokens", "*/normalizer", "*/normalizer_used/max",
-      "rollout/*", "reward/correct_frac", "*reward_errors", "*verify_timeouts", "*skipped_steps", "*update/tokens",
+      "rollout/*", "reward/correct_frac", "*reward/errors", "*reward/timeouts", "*reward/worker_deaths",
+      "*reward/nonfinite", "*reward/none", "*reward/all_none", "*skipped_steps", "*update/tokens",
       "eval/accuracy", "staleness/*", "actor/staleness*", "*clip_frac*", "*masked_frac", "actor/prox_nonfinite_frac"),
      EXACT),
     (("actor/token_loss", "update/loss", "advantage/mean"),
@@ -129,8 +130,8 @@ RULES: list[tuple[tuple[str, ...], Rule]] = [
     (("critic/explained_variance*",),
      Rule(64, _unit, "1 - var(residual)/var(return), near 0: absolute, the terms are of order 1")),
     (("actor/entropy", "*grad_norm", "sft/loss", "critic/value_loss", "critic/update/loss", "*/sq_mean",
-      "advantage/abs_mean", "reward/task", "reward/sampled", "eval/reward"),
-     Rule(64, _itself, "bounded away from zero: relative")),
+      "advantage/abs_mean", "reward/task", "reward/sampled", "eval/reward", "reward/*", "eval/reward/*"),
+     Rule(64, _itself, "a mean of rewards, a loss or a norm, bounded away from zero: relative")),
 ]
 
 

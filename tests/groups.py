@@ -20,3 +20,12 @@ def make_group(rewards, *, versions=None, prompt=(5, 6), answer_len: int = 2) ->
     tensors["rewards"] = torch.tensor([float(r) for r in rewards])
     tensors["is_truncated"] = torch.zeros(len(rewards), dtype=torch.bool)
     return TrajectoryGroup(tensors)
+
+
+def reward_service(path: str = "areal_trainer.reward.math.gsm8k_reward_fn", workers: int = 0, **kwargs):
+    """A reward service of one function, run in this process (``workers=0``) unless asked otherwise."""
+    from areal_trainer.reward.functions import RewardFunction
+    from areal_trainer.reward.service import FunctionReward, RewardService
+
+    return RewardService([FunctionReward(RewardFunction.bind(path, kwargs={}, key="reward.fn"), workers=workers)],
+                         **kwargs)

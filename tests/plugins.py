@@ -315,3 +315,8 @@ def nan_gradient_loss(inputs, *, normalizer=None) -> PolicyLossResult:
     """A whole policy loss whose value is finite (0) but whose gradient is NaN: d sqrt|x| / dx at x = 0."""
     loss = (inputs.logprobs - inputs.logprobs.detach()).abs().sqrt().sum()
     return PolicyLossResult(loss, {})
+
+
+def minus_one(prompt, completion, answer, **kwargs) -> float:
+    """A reward of -1 whatever the answer."""
+    return -1.0

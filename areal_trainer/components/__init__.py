@@ -26,9 +26,10 @@ from ..config.overrides import normalize_overrides, split_overrides
 from ..config.schema import TrainerConfig
 from ..config.validate import collect
 from ..loss import PolicyPlan
-from ..plugins import PluginError, resolve
+from ..plugins import PluginError
 from .advantage import bind_advantage
 from .loss import bind_policy_loss, policy_plan
+from .reward import RewardSpec, bind_reward
 from .rollout import RolloutParts, bind_rollout
 
 
@@ -41,7 +42,7 @@ class Components:
         advantage: the advantage computation (stages and settings bound).
         loss: the policy loss (``PolicyLoss``, or a user's whole loss, checked at every call).
         plan: which log-probabilities a step computes (behaviour, proximal, recomputed).
-        reward_fn: the reward function ``reward.fn`` names.
+        reward: the reward sources (functions, model, service) and how they combine; started by the run.
         rollout: the engine's registry entry, the workflow class and the dynamic filter.
         valid_dataset: ``valid_dataset`` with train_dataset's prompt keys where its own are null, or None.
         warnings: what the checks found worth saying (issued by :func:`build` as ``UserWarning``).
@@ -51,7 +52,7 @@ class Components:
     advantage: AdvantageFn
     loss: Callable
     plan: PolicyPlan
-    reward_fn: Callable
+    reward: RewardSpec
     rollout: RolloutParts
     valid_dataset: DatasetConfig | None
     warnings: tuple[str, ...] = field(default_factory=tuple)
@@ -68,14 +69,14 @@ def _bind(fn: Callable, *args, problems: list[str]):
 def problems_and_build(cfg: TrainerConfig) -> tuple[list[str], list[str], Components | None]:
     """Every problem and warning of ``cfg``, and its components when there is no problem."""
     problems, warns = collect(cfg)
-    reward_fn = _bind(resolve, cfg.reward.fn, "reward.fn", cfg.reward.kwargs, 3, problems=problems)
+    reward = bind_reward(cfg.reward, problems)
     rollout = bind_rollout(cfg, problems)
     advantage = _bind(bind_advantage, cfg.actor, problems=problems)
     loss = _bind(bind_policy_loss, cfg.actor, problems=problems)
     if problems:
         return problems, warns, None
     valid = cfg.valid_dataset.inheriting(cfg.train_dataset) if cfg.valid_dataset is not None else None
-    return [], warns, Components(cfg, advantage, loss, policy_plan(cfg.actor), reward_fn, rollout, valid,
+    return [], warns, Components(cfg, advantage, loss, policy_plan(cfg.actor), reward, rollout, valid,
                                  tuple(warns))
 
 

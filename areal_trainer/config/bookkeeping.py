@@ -31,7 +31,7 @@ class SaverConfig(_Freq):
 
 @dataclass
 class EvaluatorConfig(_Freq):
-    """Held-out evaluation on ``valid_dataset`` with ``eval_gconfig``."""
+    """Held-out evaluation on ``valid_dataset`` with ``eval_gconfig`` (none when ``valid_dataset`` is null)."""
 
     eval_before_train: bool = False
     """Also evaluate once before the first training step (the run always evaluates after the last one)."""

@@ -4,22 +4,25 @@ how a row becomes the prompt. Key names follow AReaL's ``DatasetConfig`` where A
 import dataclasses
 import string
 from dataclasses import dataclass
+from typing import Optional
 
 from .base import Checked, at_least_one, one_of
 
 
 @dataclass
 class DatasetConfig(Checked):
-    """A prompt dataset: ``builtin:arith`` (generated offline), a HF hub id, or a local jsonl/parquet file."""
+    """A prompt dataset: ``builtin:arith`` (generated offline), a HF hub id, or local files; rows with a prompt
+    (text or chat messages), an optional answer and any other columns (``data/datasets.py``)."""
 
     path: str = "builtin:arith"
-    """``builtin:arith``, a HF hub dataset id, or a local ``.jsonl``/``.json``/``.parquet``/``.csv`` file."""
-    name: str | None = None
+    """``builtin:arith``, a HF hub dataset id, a local ``.jsonl``/``.json``/``.parquet``/``.csv`` file, a
+    directory of such files, or a glob (``data/train-*.jsonl``)."""
+    name: Optional[str] = None
     """HF dataset config name (``main`` for openai/gsm8k)."""
     split: str = "train"
-    """Split to load from a HF dataset (``builtin:arith`` has ``train`` and ``test``); a local file is one split."""
+    """Split to load from a HF dataset (``builtin:arith`` has ``train`` and ``test``); local files are one split."""
     type: str = "rl"
-    """AReaL's dataset type; only ``rl`` (prompts with reference answers) is supported."""
+    """AReaL's dataset type; only ``rl`` (prompts, with reference answers where the rows have them)."""
     batch_size: int = 8
     """Prompts per step (each sampled gconfig.n_samples times)."""
     shuffle: bool = True
@@ -28,26 +31,32 @@ class DatasetConfig(Checked):
     drop_last: bool = True
     """An epoch uses only whole batches, leaving out the remainder of the prompts (false: every prompt is
     used and the last batch is completed from the next epoch)."""
-    max_length: int | None = None
-    """Drop prompts whose user message (the question in ``prompt_template``, then ``prompt_suffix``) is longer
-    than this many tokens."""
-    max_rows: int | None = None
+    max_length: Optional[int] = None
+    """Drop prompts longer than this many tokens: the user message of a text prompt (the text in
+    ``prompt_template``, then ``prompt_suffix``), the rendered conversation of a chat prompt."""
+    max_rows: Optional[int] = None
     """Use at most this many rows (for builtin:arith: how many problems to generate)."""
-    question_key: str = "question"
-    """Field of a row that holds the question (the prompt)."""
-    answer_key: str = "answer"
-    """Field of a row that holds the reference answer given to the reward function."""
-    system_prompt: str | None = None
-    """System message before every question, rendered by the tokenizer's chat template (null: none;
-    valid_dataset: null = train_dataset's, '' = none). It takes no placeholders: write literal braces as
-    ``{{`` and ``}}``. A tokenizer whose chat template has no system role is reported when the data is built."""
-    prompt_template: str | None = None
-    """The user message, with ``{question}`` where the row's question goes (null: ``{question}``, the
-    question alone; valid_dataset: null = train_dataset's). Literal braces are written ``{{`` and ``}}``."""
-    prompt_suffix: str | None = None
-    """The answer-format instruction, appended verbatim to the user message (null: the task's own, nothing for
-    builtin:arith, whose warm start teaches ``#### n``, and ``\\nPlease put your final answer within
-    \\boxed{}.`` for other data; valid_dataset: null = train_dataset's; '' = none)."""
+    prompt_key: Optional[str] = None
+    """Column with the prompt: text, or chat messages (a list of ``{role, content}``). null: the first of
+    ``prompt``, ``messages``, ``question`` the rows have (valid_dataset: null = train_dataset's)."""
+    answer_key: Optional[str] = None
+    """Column with the reference answer, given to reward functions as ``answer``. null: ``answer`` when the
+    rows have it, else none (valid_dataset: null = train_dataset's). Every other column reaches rewards,
+    workflows and agents under its own name."""
+    system_prompt: Optional[str] = None
+    """System message before every prompt, rendered by the tokenizer's chat template (null: none; a chat
+    prompt with its own system message keeps it; valid_dataset: null = train_dataset's, '' = none). It takes
+    no placeholders: write literal braces as ``{{`` and ``}}``. A tokenizer whose chat template has no system
+    role is reported when the data is built."""
+    prompt_template: Optional[str] = None
+    """The user message of a text prompt, with ``{question}`` where the row's text goes (null: ``{question}``,
+    the text alone; valid_dataset: null = train_dataset's). Literal braces are written ``{{`` and ``}}``.
+    Chat prompts are used as they are."""
+    prompt_suffix: Optional[str] = None
+    """The answer-format instruction, appended verbatim to the user message of a text prompt (null: the task's
+    own: ``\\nPlease put your final answer within \\boxed{}.`` for GSM8K-shaped rows (a ``question``
+    column) other than builtin:arith, whose warm start teaches ``#### n``; nothing for ``prompt`` rows;
+    valid_dataset: null = train_dataset's; '' = none)."""
 
     def check(self, key: str) -> list[str]:
         if self.type == "sft":
@@ -92,12 +101,13 @@ class DatasetConfig(Checked):
         return p
 
     def inheriting(self, other: "DatasetConfig") -> "DatasetConfig":
-        """A copy whose null prompt keys are ``other``'s (valid_dataset asks as train_dataset does)."""
-        return dataclasses.replace(self, **{n: getattr(other, n) for n in PROMPT_KEYS if getattr(self, n) is None})
+        """A copy whose null column and prompt keys are ``other``'s (valid_dataset reads and asks as
+        train_dataset does)."""
+        return dataclasses.replace(self, **{n: getattr(other, n) for n in INHERITED_KEYS if getattr(self, n) is None})
 
 
-PROMPT_KEYS = ("system_prompt", "prompt_template", "prompt_suffix")
-"""The keys of ``DatasetConfig`` that shape the prompt; valid_dataset takes train_dataset's where null."""
+INHERITED_KEYS = ("prompt_key", "answer_key", "system_prompt", "prompt_template", "prompt_suffix")
+"""The keys of ``DatasetConfig`` that valid_dataset takes from train_dataset where its own are null."""
 
 
 def _placeholders(text: str) -> tuple[list[str], str]:

@@ -53,7 +53,7 @@ class TrainerConfig(Checked):
     train_dataset: DatasetConfig = field(default_factory=DatasetConfig)
     """The training prompts."""
     valid_dataset: Optional[DatasetConfig] = None
-    """The held-out prompts of the evaluation (null: no evaluation, so ``evaluator`` must not schedule any)."""
+    """The held-out prompts of the evaluation (null: no evaluation, whatever ``evaluator`` schedules)."""
     actor: PPOActorConfig = field(default_factory=PPOActorConfig)
     ref: Optional[PPOActorConfig] = None
     """The frozen reference policy of the KL penalty, needed when ``actor.kl_ctl > 0``. Only ``path`` and

@@ -43,10 +43,6 @@ def _cross_section(cfg: TrainerConfig) -> tuple[list[str], list[str]]:
                  f"(train_dataset.batch_size*gconfig.n_samples={rows}); lower it or raise the batch.")
     if cfg.critic is not None and isinstance(cfg.critic.ppo_n_minibatches, int) and cfg.critic.ppo_n_minibatches > rows:
         p.append(f"critic.ppo_n_minibatches={cfg.critic.ppo_n_minibatches} exceeds the rows per step ({rows}).")
-    needs_eval = any(getattr(cfg.evaluator, n) is not None for n in ("freq_epochs", "freq_steps", "freq_secs"))
-    if (needs_eval or cfg.evaluator.eval_before_train) and cfg.valid_dataset is None:
-        p.append("evaluator: evaluation is scheduled but valid_dataset is null; set valid_dataset.path "
-                 "or remove the evaluator frequencies.")
     p_useless, w_useless = useless_run_problems(cfg)
     p, w = p + p_useless, w + w_useless + duplicate_key_warnings(cfg)
     for key, path in _local_paths(cfg):

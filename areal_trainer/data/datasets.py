@@ -1,127 +1,70 @@
-"""Prompt datasets: the built-in arithmetic set, GSM8K from the Hugging Face hub
-(``path=openai/gsm8k name=main``, splits ``train``/``test``), or a local jsonl/json/parquet/csv
-file with the same fields (``question``, ``answer`` ending in ``#### n``).
+"""Prompt datasets in the shapes users have, as samples the rollout and the rewards read.
 
-Rows become samples ``{"messages", "question", "answer"}``; the reward compares the model's final
-answer with ``answer``. The messages are the config's ``system_prompt`` (if any) and a user message:
-the question in ``prompt_template``, then ``prompt_suffix``. The defaults give the user message
-``question + suffix`` alone, the prompt of every earlier version.
+Sources: the built-in arithmetic set (``builtin:arith``), a Hugging Face hub dataset (``path``,
+``name``, ``split``), or local files (``data/files.py``: a file, a directory or a glob of
+``.jsonl``/``.json``/``.parquet``/``.csv``).
+
+Row shapes (TRL's dataset formats, and GSM8K's):
+
+* **prompt as text**: a ``prompt`` column, or ``question`` (GSM8K); the user message is the text in
+  ``prompt_template``, then ``prompt_suffix``, after ``system_prompt`` if any;
+* **conversational**: ``prompt`` or ``messages`` is a list of ``{role, content}`` messages (a system
+  message included), rendered as they are; ``system_prompt`` is added only when they have none.
+
+``prompt_key`` (default: the first of ``prompt``, ``messages``, ``question`` the rows have) and
+``answer_key`` (default: ``answer`` when the rows have it, else no answer) name the columns. Every
+other column is passed through: a sample is ``{"messages", "prompt", "answer", "fields", "row"}``,
+where ``prompt`` is the row's own prompt (text or messages), ``answer`` its answer column (or None),
+``fields`` every other column by name, ``row`` where it came from. Rewards and agents receive the row's
+own prompt and columns, never the rendered chat text. A column value of the wrong kind (a list in a text
+column, a number as a prompt) is an error naming the column and the row, never stringified.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from ..errors import UserError
 from . import arith
+from .files import Row, local_files, read_files
 
 BOXED_SUFFIX = "\nPlease put your final answer within \\boxed{}."
-_LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 BUILTIN_DEFAULT_ROWS = {"train": 50000, "test": 256}
 GSM8K_IDS = ("openai/gsm8k", "gsm8k")
 """Hub ids of GSM8K; it has two configs, ``main`` (the usual one) and ``socratic``."""
+PROMPT_COLUMNS = ("prompt", "messages", "question")
+"""Where the prompt is looked for, in this order, when ``prompt_key`` is null."""
+ROLES = ("system", "user", "assistant", "tool")
 
 
-def load_rows(cfg: Any, key: str) -> list[dict]:
-    """The raw rows of a dataset (at most ``cfg.max_rows``), each checked for its fields."""
+def load_rows(cfg: Any, key: str) -> list[Row]:
+    """The raw rows of a dataset (at most ``cfg.max_rows``)."""
     if cfg.path == "builtin:arith":
         n = cfg.max_rows or BUILTIN_DEFAULT_ROWS.get(cfg.split, 1000)
         try:
-            return arith.generate(cfg.split, n)
+            return [Row(r, f"row {i + 1} of builtin:arith") for i, r in enumerate(arith.generate(cfg.split, n))]
         except ValueError as e:
             raise UserError(f"{key}: {e}") from None
-    rows = _load_hf(cfg, key)
-    if cfg.max_rows is not None:
-        rows = rows[: cfg.max_rows]
-    bad = [i for i, row in enumerate(rows) if _unusable(row, cfg)]
-    if bad:
-        raise UserError(_row_problem(cfg, key, rows, bad))
-    return [{"question": str(r[cfg.question_key]), "answer": str(r[cfg.answer_key])} for r in rows]
+    files = local_files(cfg.path, f"{key}.path")
+    rows = read_files(files, f"{key}.path") if files is not None else _load_hub(cfg, key)
+    return rows[: cfg.max_rows] if cfg.max_rows is not None else rows
 
 
-def _unusable(row: dict, cfg: Any) -> list[str]:
-    """The required fields of ``row`` that are missing (or null) or empty, each described."""
-    out = []
-    for field in (cfg.question_key, cfg.answer_key):
-        if row.get(field) is None:
-            out.append(f"no {field!r} field")
-        elif str(row[field]).strip() == "":
-            out.append(f"an empty {field!r} field")
-    return out
-
-
-def _row_problem(cfg: Any, key: str, rows: list[dict], bad: list[int]) -> str:
-    """The first bad row, 1-based (its line number in a jsonl file), with the fields it has and those required."""
-    i = bad[0]
-    row = rows[i]
-    where = f"row {i + 1}"
-    if cfg.path.lower().endswith(".jsonl") and os.path.isfile(cfg.path):
-        where = f"line {_jsonl_line(cfg.path, i)}"  # blank lines hold no row
-    # A local file's rows all carry every column of the file; those this row lacks are null.
-    present = ", ".join(repr(k) for k, v in row.items() if v is not None) or "none"
-    others = f" ({len(bad) - 1} more of the {len(rows)} rows also lack a usable field)" if len(bad) > 1 else ""
-    return (f"{key}: {where} of {cfg.path!r} has {' and '.join(_unusable(row, cfg))}{others}. Fields in that "
-            f"row: {present}; required: {cfg.question_key!r} ({key}.question_key) and {cfg.answer_key!r} "
-            f"({key}.answer_key), both non-empty. Set {key}.question_key / {key}.answer_key to the right column "
-            "names, or fix the rows.")
-
-
-def _jsonl_line(path: str, index: int) -> int:
-    """The 1-based line number of the ``index``-th (0-based) non-blank line of a jsonl file."""
-    with open(path, encoding="utf-8", errors="replace") as f:
-        seen = -1
-        for n, line in enumerate(f, 1):
-            seen += bool(line.strip())
-            if seen == index:
-                return n
-    return index + 1
-
-
-def check_fits_batch(samples: list[dict], cfg: Any, key: str, world_size: int = 1) -> None:
-    """A training set must hold one whole batch (with ``drop_last`` an epoch would otherwise have no step)."""
-    n = len(samples)
-    if not cfg.drop_last or n >= cfg.batch_size:
-        return
-    largest = n - n % world_size
-    procs = f" (a multiple of the {world_size} processes)" if world_size > 1 else ""
-    fix = f"Set {key}.batch_size={largest} or less{procs}, or use" if largest else "Use"
-    dropped = f" left after max_length={cfg.max_length}" if cfg.max_length is not None else ""
-    raise UserError(f"{key}.batch_size={cfg.batch_size} is more than the {n} usable rows{dropped} of {key}.path="
-                    f"{cfg.path!r}: not one whole batch can be formed (drop_last=true), so there would be no training "
-                    f"step. {fix} a dataset with more rows.")
-
-
-def demonstration(sample: dict) -> str:
-    """The target text of the supervised warm start: the row's demonstration if any, else its answer."""
-    return sample.get("demonstration", sample["answer"])
-
-
-def _load_hf(cfg: Any, key: str) -> list[dict]:
+def _load_hub(cfg: Any, key: str) -> list[Row]:
     import datasets
 
-    ext = os.path.splitext(cfg.path)[1].lower()
+    if cfg.path.lower() in GSM8K_IDS and cfg.name is None:
+        raise UserError(f"{key}.name: {cfg.path!r} needs a config name; set {key}.name=main "
+                        "(or socratic for the Socratic-style solutions).")
     try:
-        if os.path.isfile(cfg.path):
-            if ext not in _LOCAL_FORMATS:
-                raise UserError(f"{key}.path: {cfg.path!r} has an unknown extension; use .jsonl, .json, .parquet or .csv.")
-            ds = datasets.load_dataset(_LOCAL_FORMATS[ext], data_files=cfg.path, split="train")
-        elif cfg.path.startswith((".", "/", "~")) and not os.path.exists(cfg.path):
-            raise UserError(f"{key}.path: {cfg.path!r} does not exist.")
-        else:
-            if cfg.path.lower() in GSM8K_IDS and cfg.name is None:
-                raise UserError(f"{key}.name: {cfg.path!r} needs a config name; set {key}.name=main "
-                                "(or socratic for the Socratic-style solutions).")
-            ds = datasets.load_dataset(cfg.path, cfg.name, split=cfg.split)
-    except UserError:
-        raise
+        ds = datasets.load_dataset(cfg.path, cfg.name, split=cfg.split)
     except Exception as e:  # noqa: BLE001 - datasets raises many types; report them all the same way
         raise UserError(f"{key}.path: cannot load {cfg.path!r} (name={cfg.name!r}, split={cfg.split!r}): "
-                        f"{type(e).__name__}: {str(e).splitlines()[0]}{_load_hint(cfg, key, e)}") from None
-    return list(ds)
+                        f"{type(e).__name__}: {str(e).splitlines()[0]}{_load_hint(key, e)}") from None
+    return [Row(dict(r), f"row {i + 1} of {cfg.path!r}") for i, r in enumerate(ds)]
 
 
-def _load_hint(cfg: Any, key: str, err: Exception) -> str:
+def _load_hint(key: str, err: Exception) -> str:
     """A suggestion for a failed hub load: the missing config name, or how to work offline."""
     msg = str(err)
     if "Config name is missing" in msg or "BuilderConfig" in msg:
@@ -129,23 +72,49 @@ def _load_hint(cfg: Any, key: str, err: Exception) -> str:
     if "offline" in msg.lower() or "couldn't reach" in msg.lower() or isinstance(err, ConnectionError):
         return (f". The hub is unreachable or offline mode is on (HF_DATASETS_OFFLINE / HF_HUB_OFFLINE) and the "
                 f"dataset is not cached: load it once with network access, or set {key}.path to a local "
-                f".jsonl/.parquet file with {cfg.question_key!r} and {cfg.answer_key!r} fields.")
+                ".jsonl/.parquet file, a directory or a glob of them.")
     return ""
 
 
-def prompt_suffix(cfg: Any) -> str:
-    """``cfg.prompt_suffix``, by default the task's: the built-in task asks for ``#### n`` (taught by the warm
-    start) with no instruction; other data for ``\\boxed{}``."""
+def columns_of(cfg: Any, rows: list[Row], key: str) -> tuple[str, str | None]:
+    """``(prompt column, answer column or None)``: the configured ones, else found in the first row."""
+    first = rows[0].columns
+    prompt = cfg.prompt_key or next((c for c in PROMPT_COLUMNS if c in first), None)
+    if prompt is None:
+        raise UserError(f"{key}: {rows[0].where} has no prompt column: its columns are "
+                        f"{', '.join(map(repr, first)) or 'none'}. Set {key}.prompt_key to the column that holds "
+                        f"the prompt (text, or chat messages); by default one of {', '.join(PROMPT_COLUMNS)} is used.")
+    answer = cfg.answer_key or ("answer" if "answer" in first else None)
+    return prompt, answer
+
+
+def _is_messages(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(
+        isinstance(m, dict) and m.get("role") in ROLES and isinstance(m.get("content"), str) for m in value)
+
+
+def _row_problem(row: Row, column: str, key_name: str, what: str) -> UserError:
+    present = ", ".join(repr(k) for k, v in row.columns.items() if v is not None) or "none"
+    return UserError(f"{key_name.rsplit('.', 1)[0]}: {row.where}: {what}. Columns in that row: {present}. Set "
+                     f"{key_name} to the right column, or fix the rows.")
+
+
+def prompt_suffix(cfg: Any, column: str) -> str:
+    """``cfg.prompt_suffix``, by default the task's: ``\\boxed{}`` for GSM8K-shaped rows (a ``question``
+    column) other than the built-in task, whose warm start teaches ``#### n``; nothing for ``prompt`` rows."""
     if cfg.prompt_suffix is not None:
         return cfg.prompt_suffix
-    return "" if cfg.path == "builtin:arith" else BOXED_SUFFIX
+    return BOXED_SUFFIX if column == "question" and cfg.path != "builtin:arith" else ""
 
 
-def prompt_messages(cfg: Any, question: str) -> list[dict]:
-    """The chat messages asking ``question``: the system prompt (if any), then the user message."""
+def prompt_messages(cfg: Any, prompt: Any, column: str = "question") -> list[dict]:
+    """The chat messages of a row's prompt: a conversation as it is (the system prompt added when it has
+    none); a text in the user message (``prompt_template``, then the suffix) after the system prompt."""
+    system = [{"role": "system", "content": cfg.system_prompt.format()}] if cfg.system_prompt else []
+    if isinstance(prompt, list):
+        return ([] if any(m["role"] == "system" for m in prompt) else system) + [dict(m) for m in prompt]
     template = "{question}" if cfg.prompt_template is None else cfg.prompt_template
-    user = {"role": "user", "content": template.format(question=question) + prompt_suffix(cfg)}
-    return [{"role": "system", "content": cfg.system_prompt.format()}, user] if cfg.system_prompt else [user]
+    return [*system, {"role": "user", "content": template.format(question=prompt) + prompt_suffix(cfg, column)}]
 
 
 def check_system_role(cfg: Any, tokenizer, key: str) -> None:
@@ -171,17 +140,73 @@ def check_system_role(cfg: Any, tokenizer, key: str) -> None:
                     f"{none}, or use a tokenizer whose chat template has a system role.")
 
 
+def to_sample(cfg: Any, row: Row, prompt_col: str, answer_col: str | None, key: str) -> dict:
+    """One row as a sample (see the module docstring); a row whose prompt or answer is unusable is an error."""
+    prompt = row.columns.get(prompt_col)
+    if prompt is None or (isinstance(prompt, str) and not prompt.strip()):
+        raise _row_problem(row, prompt_col, f"{key}.prompt_key", f"no {prompt_col!r} value (or an empty one)")
+    if not isinstance(prompt, str) and not _is_messages(prompt):
+        raise _row_problem(row, prompt_col, f"{key}.prompt_key",
+                           f"{prompt_col!r} holds a {type(prompt).__name__}, neither text nor chat messages (a list "
+                           f"of {{role, content}} with roles {', '.join(ROLES)})")
+    answer = None
+    if answer_col is not None:
+        answer = row.columns.get(answer_col)
+        if answer is None or (isinstance(answer, str) and not answer.strip()):
+            raise _row_problem(row, answer_col, f"{key}.answer_key", f"no {answer_col!r} value (or an empty one)")
+    fields = {k: v for k, v in row.columns.items() if k not in (prompt_col, answer_col)}
+    return {"messages": prompt_messages(cfg, prompt, prompt_col), "prompt": prompt, "answer": answer,
+            "fields": fields, "row": row.where}
+
+
+def demonstration(sample: dict) -> str:
+    """The target text of the supervised warm start: the row's ``demonstration`` column if any, else its answer."""
+    return sample["fields"].get("demonstration", sample["answer"])
+
+
 def build_samples(cfg: Any, tokenizer, key: str) -> list[dict]:
-    """Rows as chat samples; prompts whose user message is longer than ``cfg.max_length`` tokens are dropped."""
+    """Rows as samples; prompts longer than ``cfg.max_length`` tokens (the user message of a text prompt,
+    the rendered conversation of a chat prompt) are dropped."""
     check_system_role(cfg, tokenizer, key)
     rows = load_rows(cfg, key)
-    samples = []
+    if not rows:
+        raise UserError(f"{key}: {cfg.path!r} holds no rows.")
+    prompt_col, answer_col = columns_of(cfg, rows, key)
+    samples, problems = [], []
     for row in rows:
-        messages = prompt_messages(cfg, row["question"])
-        content = messages[-1]["content"]
-        if cfg.max_length is not None and len(tokenizer(content, add_special_tokens=False).input_ids) > cfg.max_length:
+        try:
+            sample = to_sample(cfg, row, prompt_col, answer_col, key)
+        except UserError as e:
+            problems.append(e)
             continue
-        samples.append({"messages": messages, **row})
+        if cfg.max_length is not None and _prompt_tokens(tokenizer, sample) > cfg.max_length:
+            continue
+        samples.append(sample)
+    if problems:
+        more = f" ({len(problems) - 1} more of the {len(rows)} rows have problems too.)" if len(problems) > 1 else ""
+        raise UserError(f"{problems[0]}{more}")
     if not samples:
         raise UserError(f"{key}: no usable rows in {cfg.path!r} (max_length={cfg.max_length} dropped them all?).")
     return samples
+
+
+def _prompt_tokens(tokenizer, sample: dict) -> int:
+    if isinstance(sample["prompt"], list):
+        text = tokenizer.apply_chat_template(sample["messages"], add_generation_prompt=True, tokenize=False)
+    else:
+        text = sample["messages"][-1]["content"]
+    return len(tokenizer(text, add_special_tokens=False).input_ids)
+
+
+def check_fits_batch(samples: list[dict], cfg: Any, key: str, world_size: int = 1) -> None:
+    """A training set must hold one whole batch (with ``drop_last`` an epoch would otherwise have no step)."""
+    n = len(samples)
+    if not cfg.drop_last or n >= cfg.batch_size:
+        return
+    largest = n - n % world_size
+    procs = f" (a multiple of the {world_size} processes)" if world_size > 1 else ""
+    fix = f"Set {key}.batch_size={largest} or less{procs}, or use" if largest else "Use"
+    dropped = f" left after max_length={cfg.max_length}" if cfg.max_length is not None else ""
+    raise UserError(f"{key}.batch_size={cfg.batch_size} is more than the {n} usable rows{dropped} of {key}.path="
+                    f"{cfg.path!r}: not one whole batch can be formed (drop_last=true), so there would be no training "
+                    f"step. {fix} a dataset with more rows.")

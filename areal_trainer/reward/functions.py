@@ -29,8 +29,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import plugins
 from ..errors import UserError
-from ..plugins import PluginError, import_object
+from ..plugins import PluginError
 
 STYLES = ("auto", "sample", "batched")
 BATCH_NAMES = ("prompts", "completions", "answer")
@@ -104,7 +105,7 @@ class RewardFunction:
         raises :class:`PluginError` (message starting with ``key``) otherwise."""
         if style not in STYLES:
             raise PluginError(f"{key}: style {style!r} is not one of {', '.join(map(repr, STYLES))}.")
-        fn = import_object(path, key)
+        fn = plugins.import_object(path, key)
         if not callable(fn):
             raise PluginError(f"{key}: {path!r} is a {type(fn).__name__}, not a callable.")
         bound = cls(fn, path=path, key=key, kwargs=kwargs, style=style)

@@ -11,17 +11,19 @@ Checking is two-tier:
    so ``0.5`` matches ``1/2``. A percentage (``50%``, ``50\\%``) matches both ``50`` and ``0.5``.
 2. **Symbolic** (``math-verify``): when either side is not a plain number (``\\sqrt{4}``,
    ``2\\sqrt{2}``, ``12 \\text{ apples}``), or when a mismatch rests only on the last-number guess
-   in text that contains LaTeX (``$\\frac{1}{2}$`` ends in the digit 2), the library decides, with
-   a per-call deadline (:mod:`areal_trainer.reward.verify`): a check that overruns scores 0.0 and
-   is counted in ``verify.stats()``.
+   in text that contains LaTeX (``$\\frac{1}{2}$`` ends in the digit 2), the library decides.
+
+math-verify can hang on some answers (``\\boxed{9^{9^{9}}}`` asks sympy for a number with 370 million
+digits, in one C-level call that never returns to Python). Its own time limits are switched off here;
+the reward runs in a worker process whose call is killed after ``reward.timeout`` seconds
+(``reward/pool.py``), which scores ``reward.timeout_value`` and is counted in ``reward/timeouts``.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from fractions import Fraction
-
-from . import verify
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?(?:\s*\\?%)?")
 _HASHES = re.compile(r"####\s*([^\n]*)")
@@ -93,12 +95,49 @@ def reference_answer(answer: str) -> str:
     return hashes[-1].strip() if hashes else answer.strip()
 
 
-def gsm8k_reward_fn(prompt: str, completion: str, answer: str, *, timeout: float | None = 5.0, **kwargs) -> float:
-    """1.0 if the completion's final answer equals the reference answer, else 0.0.
+FLOAT_ROUNDING = 6
+"""Decimal places math-verify rounds floats to before comparing them."""
 
-    ``timeout`` (seconds, set with ``reward.kwargs.timeout``) bounds each math-verify check; None
-    disables the bound. Other keyword arguments are accepted and ignored.
+
+class _DropDisabledTimeoutNotice(logging.Filter):
+    """math-verify warns that its own timeout is disabled; the worker's deadline bounds the call instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Timeout is disabled")
+
+
+def _math_verify():
+    import math_verify
+
+    for name in ("math_verify.parser", "math_verify.grader"):
+        lg = logging.getLogger(name)
+        if not any(isinstance(f, _DropDisabledTimeoutNotice) for f in lg.filters):
+            lg.addFilter(_DropDisabledTimeoutNotice())
+    return math_verify
+
+
+def equivalent(gold: str, prediction: str) -> bool:
+    """Whether math-verify finds ``prediction`` (free text or LaTeX) equal to ``gold``; False when it cannot
+    parse either or fails. No time limit of its own (see the module docstring).
+
+    The gold answer is parsed as an expression, or as inline LaTeX when that finds nothing (bare
+    ``\\frac{1}{2}``). The prediction is searched like a model's answer: ``\\boxed{}`` and anchored
+    answers ("the final answer is ...") first, then the last expression.
     """
+    mv = _math_verify()
+    try:
+        gold_parsed = mv.parse(gold, parsing_timeout=None) or mv.parse(f"${gold}$", parsing_timeout=None)
+        pred_parsed = mv.parse(prediction, parsing_timeout=None)
+        if not gold_parsed or not pred_parsed:
+            return False
+        return bool(mv.verify(gold_parsed, pred_parsed, float_rounding=FLOAT_ROUNDING, timeout_seconds=None))
+    except Exception:  # noqa: BLE001 - a malformed answer is a wrong answer, never a failed reward
+        return False
+
+
+def gsm8k_reward_fn(prompt, completion: str, answer: str | None, **kwargs) -> float:
+    """1.0 if the completion's final answer equals the reference answer, else 0.0 (other keyword arguments,
+    such as the row's columns, are accepted and ignored)."""
     gold_text = reference_answer(answer or "")
     if not completion or not completion.strip() or not gold_text:
         return 0.0
@@ -111,4 +150,4 @@ def gsm8k_reward_fn(prompt: str, completion: str, answer: str, *, timeout: float
             return 0.0  # two plain numbers that differ: no symbolic check can change that
     elif not any(c.isdigit() or c == "\\" for c in completion):
         return 0.0  # neither a number nor LaTeX: nothing math-verify could match
-    return verify.verify_answer(gold_text, completion, timeout=timeout)
+    return 1.0 if equivalent(gold_text, completion) else 0.0

@@ -186,3 +186,24 @@ class ModelReward:
         else:
             scores = self.model(input_ids=input_ids, attention_mask=attention_mask).logits[:, 0]
         return scores.float().cpu().tolist()
+
+
+class ModelSource:
+    """A :class:`ModelReward` as a reward source of :class:`~areal_trainer.reward.service.RewardService`:
+    each sample's conversation (its prompt, as chat messages, then the completion as the assistant's
+    message) is scored in a thread, so the event loop and the other sources go on meanwhile."""
+
+    def __init__(self, model: ModelReward):
+        self.model, self.name, self.label = model, model.name, f"reward.model.path ({model.path})"
+
+    @staticmethod
+    def conversation(sample) -> list[dict]:
+        prompt = sample.prompt if isinstance(sample.prompt, list) else [{"role": "user", "content": str(sample.prompt)}]
+        answer = sample.completion if isinstance(sample.completion, list) else [
+            {"role": "assistant", "content": str(sample.completion)}]
+        return [dict(m) for m in prompt] + [dict(m) for m in answer]
+
+    async def score(self, samples) -> list[float]:
+        import asyncio
+
+        return await asyncio.to_thread(self.model.score_texts, [self.conversation(s) for s in samples])

@@ -23,11 +23,12 @@ from __future__ import annotations
 import asyncio
 import math
 import numbers
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 from ..errors import UserError
+from ..metrics import Mean, Metric, Sum
 from .dispatch import CallOutcome
 from .functions import RewardFunction, RewardSample
 from .pool import WorkerPool, run_sync
@@ -165,6 +166,16 @@ class RewardScores:
         """:meth:`stats` of the whole batch."""
         return self.stats()
 
+    def typed(self, lo: int = 0, hi: int | None = None) -> dict[str, Metric]:
+        """:meth:`stats` of samples ``lo:hi`` as metrics that combine over groups and processes: the counters
+        add up, each source's mean is weighted by the samples it gave a number for."""
+        out: dict[str, Metric] = {f"reward/{c}": Sum(float(sum(getattr(self, c)[lo:hi]))) for c in COUNTERS}
+        for name, values in self.values.items():
+            numbers_ = [v for v in values[lo:hi] if v is not None]
+            if numbers_:
+                out[f"reward/{name}"] = Mean(sum(numbers_) / len(numbers_), len(numbers_))
+        return out
+
 
 class RewardService:
     """Combine reward sources into per-sample rewards (see the module docs)."""
@@ -186,6 +197,11 @@ class RewardService:
     def score(self, samples: Sequence[RewardSample]) -> RewardScores:
         """:meth:`ascore` from synchronous code (also from a thread that runs an event loop)."""
         return run_sync(lambda: self.ascore(samples))
+
+    def score_completions(self, rows: Sequence[Mapping[str, Any]], completions: Sequence[str]) -> RewardScores:
+        """Score each completion text against its dataset row (a sample of ``data/datasets.py``: ``prompt``,
+        ``answer``, ``fields``); a conversational row's completion is given as the assistant's message."""
+        return self.score([sample_of(row, text) for row, text in zip(rows, completions)])
 
     async def ascore(self, samples: Sequence[RewardSample]) -> RewardScores:
         samples = list(samples)
@@ -268,6 +284,13 @@ class RewardService:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def sample_of(row: Mapping[str, Any], completion: str) -> RewardSample:
+    """The reward's view of one completion of a dataset row: the row's own prompt and columns."""
+    chat = isinstance(row.get("prompt"), list)
+    return RewardSample(prompt=row.get("prompt"), completion=[{"role": "assistant", "content": completion}] if chat
+                        else completion, answer=row.get("answer"), fields=dict(row.get("fields") or {}))
 
 
 def _unique_names(names: list[str]) -> list[str]:

@@ -48,6 +48,7 @@ from typing import Any
 import torch
 
 from ..errors import UserError
+from ..metrics import reduce
 from .batch import make_row, stack_rows
 from .types import Segment, TrajectoryGroup, answer_segment
 from .workflow import prompt_ids
@@ -74,7 +75,8 @@ class Episode:
     segments: list[Segment]
     context: list[int]
     rewards: list[float] = field(default_factory=list)
-    stats: dict[str, float] = field(default_factory=lambda: {"reward_errors": 0.0, "verify_timeouts": 0.0})
+    stats: list[dict] = field(default_factory=list)
+    """The reward's metrics of each of its answers (counters and source means)."""
     truncated: bool = False
     active: bool = True
 
@@ -89,7 +91,7 @@ class MultiTurnWorkflow:
     Args:
         engine: rollout engine (``InferenceEngine``: ``generate(prompts, gconfig) -> list[Generation]``).
         tokenizer: the policy's tokenizer (with a chat template).
-        reward: ``(prompts, completions, answers) -> Scores`` (a ``RewardRunner``).
+        reward: the run's reward service (``score_completions(rows, texts) -> scores``, ``reward/service.py``).
         max_turns: most answers per episode (>= 1; 1 is single-turn answering).
         turn_discount: factor in (0, 1] applied to a positive reward once per extra turn.
         feedback: content of the user message sent after a wrong answer.
@@ -136,11 +138,10 @@ class MultiTurnWorkflow:
     # -- rollout ----------------------------------------------------------------------------------
     def rollout(self, samples: list[dict], gconfig: Any) -> list[TrajectoryGroup]:
         """One group per sample: ``[G, L]`` rows (``G = gconfig.n_samples``), ``rewards``,
-        ``is_truncated`` and ``num_turns`` ``[G]``; its stats sum the episodes' reward errors and timeouts."""
+        ``is_truncated`` and ``num_turns`` ``[G]``; its stats combine the reward's counters and source means of every answer."""
         g = gconfig.n_samples
         prompts = [prompt_ids(self.tokenizer, s["messages"]) for s in samples]
         feedback = [self.feedback_ids(s["messages"]) for s in samples] if self.max_turns > 1 else [[] for _ in samples]
-        questions = [s["messages"][-1]["content"] for s in samples]
         episodes = [Episode(i, [Segment(prompts[i])], list(prompts[i])) for i in range(len(samples))
                     for _ in range(g)]
         for turn in range(self.max_turns):
@@ -149,11 +150,9 @@ class MultiTurnWorkflow:
                 break
             gens = self.engine.generate([e.context for e in active], gconfig)
             texts = [self.tokenizer.decode(x.output_ids, skip_special_tokens=True) for x in gens]
-            scores = self.reward([questions[e.sample] for e in active], texts,
-                                 [samples[e.sample]["answer"] for e in active])
+            scores = self.reward.score_completions([samples[e.sample] for e in active], texts)
             for j, (e, x, r) in enumerate(zip(active, gens, scores.rewards)):
-                for k, v in scores.stats(j, j + 1).items():
-                    e.stats[k] += v
+                e.stats.append(scores.typed(j, j + 1))
                 self._advance(e, x, float(r), turn, feedback[e.sample], gconfig)
         return [self._group(episodes[i * g:(i + 1) * g]) for i in range(len(samples))]
 
@@ -179,5 +178,4 @@ class MultiTurnWorkflow:
         tensors["rewards"] = torch.tensor([self.episode_reward(e) for e in episodes], dtype=torch.float32)
         tensors["is_truncated"] = torch.tensor([e.truncated for e in episodes])
         tensors["num_turns"] = torch.tensor([float(e.num_turns) for e in episodes])
-        stats = {k: sum(e.stats[k] for e in episodes) for k in episodes[0].stats}
-        return TrajectoryGroup(tensors, stats=stats)
+        return TrajectoryGroup(tensors, stats=reduce([s for e in episodes for s in e.stats]))

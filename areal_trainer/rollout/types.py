@@ -155,7 +155,10 @@ def as_group(obj: TrajectoryGroup | Mapping[str, torch.Tensor]) -> TrajectoryGro
 @runtime_checkable
 class Workflow(Protocol):
     """Turns prompts into trajectory groups. Built once as ``cls(engine=..., tokenizer=...,
-    reward=..., **rollout.workflow_kwargs)``; ``reward`` is a :class:`~areal_trainer.reward.runner.RewardRunner`."""
+    reward=..., **rollout.workflow_kwargs)``; ``reward`` is the run's reward service: ``reward.score_completions(
+    samples, completions)`` scores each completion text against its dataset sample and returns the rewards
+    (``.rewards``) and the counters and source means of any slice (``.typed(lo, hi)``, a group's ``stats``)."""
 
     def rollout(self, samples: list[dict], gconfig) -> list[TrajectoryGroup]:
-        """One group per sample, in order; a sample is ``{"messages": [...], "answer": str, ...}``."""
+        """One group per sample, in order; a sample is ``{"messages", "prompt", "answer", "fields", "row"}``
+        (``data/datasets.py``)."""

@@ -34,8 +34,7 @@ class RLVRWorkflow:
         prompts = [prompt_ids(self.tokenizer, s["messages"]) for s in samples]
         gens = self.engine.generate([p for p in prompts for _ in range(g)], gconfig)
         texts = [self.tokenizer.decode(x.output_ids, skip_special_tokens=True) for x in gens]
-        scores = self.reward([s["messages"][-1]["content"] for s in samples for _ in range(g)], texts,
-                             [s["answer"] for s in samples for _ in range(g)])
+        scores = self.reward.score_completions([s for s in samples for _ in range(g)], texts)
         groups = []
         for i, p in enumerate(prompts):
             mine = gens[i * g:(i + 1) * g]
@@ -43,5 +42,5 @@ class RLVRWorkflow:
             tensors["rewards"] = torch.tensor(scores.rewards[i * g:(i + 1) * g], dtype=torch.float32)
             tensors["is_truncated"] = torch.tensor([x.truncated for x in mine])
             tensors["num_turns"] = torch.ones(g)
-            groups.append(TrajectoryGroup(tensors, stats=scores.stats(i * g, (i + 1) * g)))
+            groups.append(TrajectoryGroup(tensors, stats=scores.typed(i * g, (i + 1) * g)))
         return groups

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..errors import UserError
-from ..metrics import Mean, Metric, Sum
+from ..metrics import Mean, Metric, Sum, reduce
 from ..rollout.types import TrajectoryGroup, as_group
 
 
@@ -49,14 +49,13 @@ def rollout_groups(workflow, samples: list[dict], ids: Sequence[int], gconfig) -
 
 
 def sampled_metrics(sampled: Sequence[TrajectoryGroup], accepted: Sequence[TrajectoryGroup]) -> dict[str, Metric]:
-    """Filtering and reward statistics of every group sampled for a batch (accepted or not)."""
+    """Filtering and reward statistics of every group sampled for a batch (accepted or not): the groups'
+    own stats (the reward's counters and source means) combined."""
     rewards = sum(float(g["rewards"].sum()) for g in sampled)
     answers = sum(g["rewards"].numel() for g in sampled)
     return {"rollout/accepted_groups": Sum(len(accepted)), "rollout/sampled_groups": Sum(len(sampled)),
             "rollout/accept_rate": Mean(len(accepted) / max(len(sampled), 1), max(len(sampled), 1)),
-            "reward/sampled": Mean(rewards / max(answers, 1), answers),
-            "rollout/reward_errors": Sum(sum(g.stats.get("reward_errors", 0.0) for g in sampled)),
-            "reward/verify_timeouts": Sum(sum(g.stats.get("verify_timeouts", 0.0) for g in sampled))}
+            "reward/sampled": Mean(rewards / max(answers, 1), answers), **reduce([g.stats for g in sampled])}
 
 
 def collect_groups(loader, workflow, gconfig, *, batch_size: int, accept: Callable | None, dynamic_bs: bool,

@@ -1,6 +1,6 @@
 """Held-out evaluation: run the workflow on the validation prompts with ``eval_gconfig``.
 
-A sample counts as correct when its reward is positive. ``eval/accuracy`` is pass@1 (the mean over
+A sample counts as correct when its reward is positive (``reward.is_correct``). ``eval/accuracy`` is pass@1 (the mean over
 all samples); with ``eval_gconfig.n_samples = k > 1`` also ``eval/pass@k`` (a prompt passes when
 any of its k samples is correct). When ``examples`` is a list, the first trajectory group is
 appended to it (the trainer prints its first sample on the console).
@@ -11,27 +11,25 @@ from __future__ import annotations
 import torch
 
 from ..config.schema import GenerationHyperparameters
-from ..metrics import Mean, Metric, Sum
+from ..metrics import Mean, Metric, reduce
+from ..reward import is_correct
 
 
 def evaluate(workflow, samples: list[dict], gconfig: GenerationHyperparameters, batch_size: int,
              examples: list | None = None) -> dict[str, Metric]:
-    correct, rewards = [], []
-    errors = timeouts = 0.0
+    correct, rewards, stats = [], [], []
     for i in range(0, len(samples), batch_size):
         for group in workflow.rollout(samples[i:i + batch_size], gconfig):
             if examples is not None and not examples:
                 examples.append(group)
             r = group["rewards"].float()
             rewards.append(r)
-            correct.append((r > 0).float())
-            stats = getattr(group, "stats", {})
-            errors += stats.get("reward_errors", 0.0)
-            timeouts += stats.get("verify_timeouts", 0.0)
+            correct.append(is_correct(r).float())
+            stats.append(getattr(group, "stats", {}))
     c = torch.stack(correct)  # [prompts, k]
     n, prompts = float(c.numel()), float(c.shape[0])
     out = {"eval/accuracy": Mean(float(c.mean()), n), "eval/reward": Mean(float(torch.stack(rewards).mean()), n),
-           "eval/reward_errors": Sum(errors), "eval/verify_timeouts": Sum(timeouts)}
+           **{f"eval/{k}": v for k, v in reduce(stats).items()}}
     if c.shape[1] > 1:
         out["eval/pass@k"] = Mean(float(c.max(dim=1).values.mean()), prompts)
     return out

@@ -87,8 +87,8 @@ def start(t: Trainer, log, postfix: ProgressPostfix) -> None:
     t.prepare_models()
     if t.dist.enabled:  # identical initial weights everywhere; different samples per process
         seed_everything(t.cfg.seed + 10007 * t.dist.rank)
-    if t.cfg.evaluator.eval_before_train:
-        before = evaluate_policy(t)
+    before = evaluate_policy(t) if t.cfg.evaluator.eval_before_train else {}
+    if before:  # none without a valid_dataset
         postfix.update(before)
         log.log(0, before)
 

@@ -32,7 +32,6 @@ from ..errors import UserError
 from ..metrics import Mean, Sum, floats
 from ..model.load import load_tokenizer, resolve_device
 from ..model.prefix import resolve_tree_training
-from ..reward.runner import RewardRunner
 from . import checkpoint as ckpt
 from .critic_model import CriticModel
 from .models import build_critic, build_ref, check_critic_lora, ref_is_base
@@ -71,14 +70,13 @@ class Trainer:
         self.policy = PolicyModel.load(cfg.actor, tokenizer=self.tokenizer, device=self.device, dist=self.dist,
                                        seed=cfg.seed, resume_from=self.resume_from)
         self._check_critic()
-        reward = RewardRunner(components.reward_fn, name=cfg.reward.fn, kwargs=cfg.reward.kwargs,
-                              error_value=cfg.reward.error_value, max_error_fraction=cfg.reward.max_error_fraction)
+        self.reward = components.reward.start(device=self.device)  # worker pools, a reward model: closed by run()
         self.loader = PromptLoader(self.train_samples, cfg.train_dataset.batch_size, shuffle=cfg.train_dataset.shuffle,
                                    drop_last=cfg.train_dataset.drop_last, seed=cfg.seed, rank=self.dist.rank,
                                    world_size=self.dist.world_size,
                                    mode="local" if rollout_mode(cfg) == "concurrent" else "global")
         rollout = build_rollout(cfg, components.rollout, model=self.policy.model, tokenizer=self.tokenizer,
-                                reward=reward, loader=self.loader, device=self.device,
+                                reward=self.reward, loader=self.loader, device=self.device,
                                 autocast_dtype=self.policy.autocast, world_size=self.dist.world_size,
                                 reduce_max=lambda x: int(self.dist.all_reduce(torch.tensor(x), "max")))
         self.rollout = rollout
@@ -252,6 +250,7 @@ def run(components: Components, run_dir: str) -> dict[str, float]:
         try:
             return train(trainer)
         finally:
+            trainer.reward.close()
             trainer.dist.shutdown()
 
 

@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 
 from ..config.schema import SFTWarmupConfig
 from ..data.datasets import demonstration
+from ..errors import UserError
 from ..model.builtin import is_builtin
 from ..rollout.batch import make_row, stack_rows
 from ..rollout.types import Segment
@@ -33,7 +34,11 @@ def sft_batch(samples: list[dict], tokenizer) -> dict[str, torch.Tensor]:
     """Prompt + reference answer + EOS rows; ``loss_mask`` marks the answer tokens."""
     rows = []
     for s in samples:
-        answer = tokenizer(demonstration(s), add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+        target = demonstration(s)
+        if not isinstance(target, str):
+            raise UserError(f"sft_warmup: {s['row']} has no reference answer to imitate (train_dataset.answer_key, or a "
+                            "'demonstration' column); set sft_warmup.steps=0 for data without answers.")
+        answer = tokenizer(target, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
         rows.append(make_row([Segment(prompt_ids(tokenizer, s["messages"])),
                               Segment(answer, True, [0.0] * len(answer), [0] * len(answer), 0)]))
     return stack_rows(rows)

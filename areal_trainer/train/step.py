@@ -14,6 +14,7 @@ import torch
 from ..advantage import AdvantageInputs, TrajBatchMeta
 from ..metrics import Mean, Metric, Sum
 from ..model.prefix import group_prefix
+from ..reward import is_correct
 from . import policies
 from .batch import CriticBatch, TrainBatch, UpdateBatch
 
@@ -103,7 +104,7 @@ def rollout_metrics(batch: TrainBatch, adv) -> dict[str, Metric]:
     n_rows, n_tok = float(rewards.numel()), float(m.sum())
     out = {
         "reward/task": Mean(float(rewards.mean()), n_rows),
-        "reward/correct_frac": Mean(float((rewards > 0).float().mean()), n_rows),
+        "reward/correct_frac": Mean(float(is_correct(rewards).float().mean()), n_rows),
         "rollout/answer_len": Mean(float(answer_len.mean()), n_rows),
         "rollout/seq_len": Mean(float(batch.attention_mask.sum(1).float().mean()), n_rows),
         "rollout/truncated_frac": Mean(float(batch.is_truncated.float().mean()), n_rows),
@@ -114,7 +115,7 @@ def rollout_metrics(batch: TrainBatch, adv) -> dict[str, Metric]:
     }
     if batch.num_turns is not None:
         out["rollout/num_turns"] = Mean(float(batch.num_turns.float().mean()), n_rows)
-    correct = rewards > 0
+    correct = is_correct(rewards)
     if correct.any():
         out["rollout/correct_answer_len"] = Mean(float(answer_len[correct].mean()), float(correct.sum()))
     if (~correct).any():

@@ -41,7 +41,7 @@ def test_every_plugin_is_resolved_exactly_once(imports):
     assert {"tests.plugins.digit_share_reward", "tests.plugins.every_other_group", "examples.custom_loss.spo.spo",
             "examples.custom_advantage.my_advantage.length_penalty",
             "areal_trainer.advantage.lambda_fn.vapo_length_adaptive_gae"} <= set(paths)
-    assert built.reward_fn.__name__ == "digit_share_reward" and built.rollout.accept.__name__ == "every_other_group"
+    assert built.reward.functions[0].fn.__name__ == "digit_share_reward" and built.rollout.accept.__name__ == "every_other_group"
     assert built.loss.surrogate.name == "examples.custom_loss.spo.spo"
     assert built.advantage.stages.outcome.builtin is False
 

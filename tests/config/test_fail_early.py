@@ -9,8 +9,9 @@ import pytest
 from areal_trainer.components import load_config
 from areal_trainer.config import ConfigError
 from areal_trainer.config.schema import DatasetConfig
-from areal_trainer.data.datasets import check_fits_batch, load_rows
+from areal_trainer.data.datasets import build_samples, check_fits_batch, load_rows
 from areal_trainer.errors import UserError
+from areal_trainer.model.builtin import build_tokenizer
 
 from ..e2e.helpers import cli
 
@@ -102,16 +103,22 @@ def test_cli_dataset_smaller_than_one_batch_fails_before_the_model_loads(tmp_pat
 
 
 # -- dataset rows ----------------------------------------------------------------------------------------
-def test_row_error_gives_the_jsonl_line_and_the_fields_present_and_required(tmp_path):
-    path = _jsonl(tmp_path / "d.jsonl", [{"question": "a", "answer": "#### 1"}, None, {"question": "b", "answer": "#### 2"},
+def test_row_error_gives_the_jsonl_line_the_columns_present_and_how_many_more(tmp_path):
+    path = _jsonl(tmp_path / "d.jsonl", [{"question": "a", "answer": "#### 1"}, {"question": "b", "answer": "#### 2"},
                                          {"question": "c", "solution": "#### 3"}, {"question": "d", "solution": "#### 4"}])
     with pytest.raises(UserError) as info:
-        load_rows(DatasetConfig(path=path), "train_dataset")
+        build_samples(DatasetConfig(path=path), build_tokenizer(), "train_dataset")
     msg = str(info.value)
-    assert f"train_dataset: line 4 of '{path}' has no 'answer' field (1 more of the 4 rows also lack" in msg
-    assert "Fields in that row: 'question', 'solution'; required: 'question' (train_dataset.question_key) and " \
-           "'answer' (train_dataset.answer_key)" in msg
-    assert "Set train_dataset.question_key / train_dataset.answer_key" in msg
+    assert "train_dataset: line 3 of 'd.jsonl': no 'answer' value (or an empty one). Columns in that row: 'question', " \
+           "'solution'. Set train_dataset.answer_key to the right column, or fix the rows. (1 more of the 4 rows " \
+           "have problems too.)" == msg
+
+
+def test_a_line_that_is_not_an_object_names_the_line(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"question": "a", "answer": "#### 1"}\n\n["b", "#### 2"]\n')  # blank lines are skipped
+    with pytest.raises(UserError, match=r"train_dataset.path: line 3 of 'd.jsonl' is a list, not an object"):
+        load_rows(DatasetConfig(path=path), "train_dataset")
 
 
 def test_row_error_of_a_parquet_file_counts_rows_from_one(tmp_path):
@@ -120,9 +127,9 @@ def test_row_error_of_a_parquet_file_counts_rows_from_one(tmp_path):
     path = str(tmp_path / "d.parquet")
     datasets.Dataset.from_list([{"question": "a", "answer": "#### 1"}, {"question": "b", "answer": " "}]).to_parquet(path)
     with pytest.raises(UserError) as info:
-        load_rows(DatasetConfig(path=path), "valid_dataset")
-    msg = str(info.value)
-    assert f"valid_dataset: row 2 of '{path}' has an empty 'answer' field. Fields in that row: 'question', 'answer'" in msg
+        build_samples(DatasetConfig(path=path), build_tokenizer(), "valid_dataset")
+    assert "valid_dataset: row 2 of 'd.parquet': no 'answer' value (or an empty one). Columns in that row: " \
+           "'question', 'answer'." in str(info.value)
 
 
 # -- the built-in model on other data --------------------------------------------------------------------

@@ -6,7 +6,7 @@ import pytest
 
 from areal_trainer.config.schema import DatasetConfig
 from areal_trainer.data import arith
-from areal_trainer.data.datasets import BOXED_SUFFIX, build_samples, load_rows
+from areal_trainer.data.datasets import BOXED_SUFFIX, build_samples
 from areal_trainer.data.loader import PromptLoader
 from areal_trainer.errors import UserError
 from areal_trainer.model.builtin import build_tokenizer
@@ -48,9 +48,9 @@ def test_local_file_with_gsm8k_fields(tmp_path, ext):
 def test_row_without_answer_names_row_and_field(tmp_path):
     path = tmp_path / "d.jsonl"
     path.write_text(json.dumps({"question": "a", "answer": "#### 1"}) + "\n" + json.dumps({"question": "b"}) + "\n")
-    with pytest.raises(UserError, match=r"line 2 of .* has no 'answer' field\. Fields in that row: 'question'; "
-                                        r"required: 'question' \(train_dataset.question_key\) and 'answer'"):
-        load_rows(DatasetConfig(path=str(path)), "train_dataset")
+    with pytest.raises(UserError, match=r"line 2 of 'd.jsonl': no 'answer' value \(or an empty one\)\. Columns in that "
+                                        r"row: 'question'\. Set train_dataset.answer_key"):
+        build_samples(DatasetConfig(path=str(path)), build_tokenizer(), "train_dataset")
 
 
 def test_loader_resumes_exactly():

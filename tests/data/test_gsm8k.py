@@ -63,7 +63,7 @@ def write_fixture(tmp_path, ext: str, rows=GSM8K_ROWS) -> str:
 def test_fixture_loads_with_boxed_prompt_and_reference_answers_score_one(tmp_path, ext):
     cfg = DatasetConfig(path=write_fixture(tmp_path, ext), max_length=512)
     samples = build_samples(cfg, build_tokenizer(), "train_dataset")
-    assert [s["question"] for s in samples] == [r["question"] for r in GSM8K_ROWS]
+    assert [s["prompt"] for s in samples] == [r["question"] for r in GSM8K_ROWS]
     for s, row in zip(samples, GSM8K_ROWS):
         assert s["messages"] == [{"role": "user", "content": row["question"] + BOXED_SUFFIX}]
         assert s["answer"] == row["answer"]
@@ -89,7 +89,7 @@ def test_max_length_drops_long_questions(tmp_path, make_tokenizer):
     lengths = [len(tok(r["question"] + BOXED_SUFFIX, add_special_tokens=False).input_ids) for r in GSM8K_ROWS]
     limit = sorted(lengths)[len(lengths) // 2]
     cfg = DatasetConfig(path=write_fixture(tmp_path, "jsonl"), max_length=limit)
-    kept = [s["question"] for s in build_samples(cfg, tok, "train_dataset")]
+    kept = [s["prompt"] for s in build_samples(cfg, tok, "train_dataset")]
     assert kept == [r["question"] for r, n in zip(GSM8K_ROWS, lengths) if n <= limit]
     assert 0 < len(kept) < len(GSM8K_ROWS)
     with pytest.raises(UserError, match="no usable rows"):

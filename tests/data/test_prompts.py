@@ -68,7 +68,7 @@ def gsm8k_file(tmp_path) -> str:
 def test_defaults_reproduce_the_builtin_prompts_token_for_token(tok, split):
     samples = build_samples(DatasetConfig(path="builtin:arith", split=split, max_rows=2), tok, "train_dataset")
     for sample, (text, ids) in zip(samples, FROZEN_BUILTIN[split], strict=True):
-        assert sample["messages"] == [{"role": "user", "content": sample["question"]}]
+        assert sample["messages"] == [{"role": "user", "content": sample["prompt"]}]
         assert render(tok, sample) == text
         assert prompt_ids(tok, sample["messages"]) == ids
 
@@ -77,7 +77,7 @@ def test_defaults_reproduce_the_gsm8k_prompt_token_for_token(tok, tmp_path):
     [sample] = build_samples(DatasetConfig(path=gsm8k_file(tmp_path)), tok, "train_dataset")
     assert render(tok, sample) == FROZEN_GSM8K[0]
     assert prompt_ids(tok, sample["messages"]) == FROZEN_GSM8K[1]
-    assert sample["question"] == GSM8K_ROW["question"] and sample["answer"] == GSM8K_ROW["answer"]
+    assert sample["prompt"] == GSM8K_ROW["question"] and sample["answer"] == GSM8K_ROW["answer"]
 
 
 def test_custom_system_prompt_template_and_suffix_are_rendered(tok, tmp_path):
@@ -87,7 +87,7 @@ def test_custom_system_prompt_template_and_suffix_are_rendered(tok, tmp_path):
     assert render(tok, sample) == (
         "<|im_start|>system\nSolve it. Braces: {ok}<|im_end|>\n<|im_start|>user\nProblem:\n"
         f"{GSM8K_ROW['question']}\nThink first. Answer as \\boxed{{n}}.<|im_end|>\n<|im_start|>assistant\n")
-    assert sample["question"] == GSM8K_ROW["question"]  # the row's own question, for the reward and logs
+    assert sample["prompt"] == GSM8K_ROW["question"]  # the row's own question, for the reward and logs
 
 
 def test_custom_prompt_in_the_builtin_vocabulary_has_no_unknown_tokens(tok):
@@ -98,12 +98,12 @@ def test_custom_prompt_in_the_builtin_vocabulary_has_no_unknown_tokens(tok):
         assert tok.unk_token_id not in ids
         assert tok.decode(ids) == render(tok, s)
         assert s["messages"] == [{"role": "system", "content": "There are 3 apples."},
-                                 {"role": "user", "content": f"Tom has 2 books. {s['question']}\n####"}]
+                                 {"role": "user", "content": f"Tom has 2 books. {s['prompt']}\n####"}]
 
 
 def test_max_length_counts_the_whole_user_message(tok):
     plain = build_samples(DatasetConfig(path="builtin:arith", max_rows=1), tok, "train_dataset")[0]
-    n = len(tok(plain["question"], add_special_tokens=False).input_ids)
+    n = len(tok(plain["prompt"], add_special_tokens=False).input_ids)
     assert build_samples(DatasetConfig(path="builtin:arith", max_rows=1, max_length=n), tok, "train_dataset")
     with pytest.raises(UserError, match="no usable rows"):
         build_samples(DatasetConfig(path="builtin:arith", max_rows=1, max_length=n, prompt_template="There {question}"),

@@ -86,9 +86,10 @@ def test_a_signal_stops_both_sides_and_keeps_the_newest_checkpoint(tmp_path, sig
     assert max(_records(run)) == done[-1] + 1
 
 
-def test_a_reward_that_hangs_stops_the_run_naming_where_it_hangs(tmp_path):
+def test_a_reward_that_hangs_in_the_trainer_process_stops_the_run_naming_where_it_hangs(tmp_path):
+    """With ``reward.workers=0`` (debugging) nothing can kill the call: the rollout watchdog stops the run."""
     t0 = time.time()
-    proc = cli(["--config-name", "grpo", *ASYNC, "reward.fn=tests.plugins.hanging_reward",
+    proc = cli(["--config-name", "grpo", *ASYNC, "reward.fn=tests.plugins.hanging_reward", "reward.workers=0",
                 "rollout.request_timeout=3", "valid_dataset=null", "evaluator.freq_steps=null",
                 "evaluator.eval_before_train=false", "trial_name=h"], cwd=tmp_path, check=False, timeout=120)
     assert proc.returncode == 1

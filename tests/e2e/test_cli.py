@@ -89,7 +89,7 @@ def test_dataset_row_without_answer(tmp_path):
     data.write_text(json.dumps({"question": "1+1?", "answer": "#### 2"}) + "\n" + json.dumps({"question": "2+2?"}) + "\n")
     proc = cli(["--config-name", "grpo", "+scale=tiny", f"train_dataset.path={data}",
                 "allow_builtin_model_on_any_data=true"], cwd=tmp_path, check=False)
-    assert proc.returncode != 0 and "line 2 of" in proc.stderr and "no 'answer' field" in proc.stderr
+    assert proc.returncode != 0 and "line 2 of" in proc.stderr and "no 'answer' value" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 

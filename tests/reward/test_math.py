@@ -1,8 +1,7 @@
 """Answer extraction and the GSM8K reward: the exact-number fast path, the math-verify fallback
-(cases of the reference's math-verify tests), and the deadline around math-verify."""
+(cases of the reference's math-verify tests), and an answer that hangs math-verify, killed by the
+reward pool's deadline."""
 
-import logging
-import os
 import threading
 import time
 
@@ -10,10 +9,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from areal_trainer.plugins import resolve
-from areal_trainer.reward import verify
+from areal_trainer.reward import math as reward_math
+from areal_trainer.reward.functions import RewardFunction
 from areal_trainer.reward.math import extract_answer, gsm8k_reward_fn, last_boxed, numeric_values, to_number
-from areal_trainer.reward.runner import RewardRunner
+from areal_trainer.reward.service import FunctionReward, RewardService
 
 
 @pytest.mark.parametrize("completion,gold,expected", [
@@ -85,78 +84,35 @@ def test_malformed_answers_score_zero_without_raising(completion):
     assert gsm8k_reward_fn("q", completion, "#### 3") == 0.0
 
 
-def _slow_verifier(gold, prediction):
-    """Stands in for math-verify in the worker process: far slower than any test deadline."""
-    time.sleep(60)
-    return True
-
-
-def _crashing_verifier(gold, prediction):
-    os._exit(3)
-
-
-def _raising_verifier(gold, prediction):
-    raise ValueError("cannot parse")
-
-
 def _not_called(gold, prediction):
     raise AssertionError("math-verify must not run for plain numbers")
 
 
 def test_plain_numbers_never_call_math_verify(monkeypatch):
-    monkeypatch.setattr(verify, "equivalent", _not_called)
-    before = verify.stats()
+    monkeypatch.setattr(reward_math, "equivalent", _not_called)
     assert gsm8k_reward_fn("q", "so 3 + 4 = 7\n#### 7", "#### 7") == 1.0
     assert gsm8k_reward_fn("q", "\\boxed{8}", "#### 7") == 0.0
     assert gsm8k_reward_fn("q", "no digits here", "#### 7") == 0.0
-    assert verify.stats() == before
 
 
-def test_timeout_scores_zero_counts_and_warns(monkeypatch, caplog):
-    assert gsm8k_reward_fn("q", "\\boxed{\\sqrt{4}}", "#### 2") == 1.0  # the worker is up
-    monkeypatch.setattr(verify, "equivalent", _slow_verifier)
-    before = verify.timeouts()
-    t0 = time.monotonic()
-    with caplog.at_level(logging.WARNING, logger=verify.__name__):
-        reward = gsm8k_reward_fn("q", "\\boxed{\\sqrt{4}}", "#### 2", timeout=0.5)
-    elapsed = time.monotonic() - t0
-    assert reward == 0.0
-    assert elapsed < 10.0
-    assert verify.timeouts() == before + 1
-    if before == 0:  # the first timeout of the process is always logged
-        assert any("timed out" in r.getMessage() for r in caplog.records)
-    monkeypatch.undo()
-    assert gsm8k_reward_fn("q", "\\boxed{\\sqrt{4}}", "#### 2") == 1.0  # a fresh worker took over
-
-
-def test_timeout_kwarg_passes_through_the_reward_runner(monkeypatch):
-    monkeypatch.setattr(verify, "equivalent", _slow_verifier)
-    fn = resolve("areal_trainer.reward.math.gsm8k_reward_fn", "reward.fn", {"timeout": 0.5}, n_positional=3)
-    runner = RewardRunner(fn, name="gsm8k", kwargs={"timeout": 0.5}, error_value=0.0, max_error_fraction=0.5)
-    before = verify.timeouts()
-    scores = runner(["q", "q"], ["\\boxed{\\sqrt{4}}", "#### 2"], ["#### 2", "#### 2"])
-    assert scores.rewards == [0.0, 1.0] and scores.errors == [0, 0]
-    assert scores.timeouts == [1, 0]  # counted on the sample that timed out
-    assert scores.stats() == {"reward_errors": 0.0, "verify_timeouts": 1.0}
-    assert verify.timeouts() == before + 1
-
-
-def test_gil_holding_answer_times_out():
-    # A 370-million-digit power: one C call that a thread-based deadline could not interrupt.
-    before = verify.timeouts()
-    t0 = time.monotonic()
-    assert gsm8k_reward_fn("q", "\\boxed{9^{9^{9}}}", "#### 3", timeout=1.0) == 0.0
-    assert time.monotonic() - t0 < 30  # the worker is killed at the deadline
-    assert verify.timeouts() == before + 1
-
-
-def test_bad_timeout_is_rejected():
-    with pytest.raises(ValueError, match="timeout"):
-        gsm8k_reward_fn("q", "\\boxed{\\sqrt{4}}", "#### 2", timeout=0)
+def test_an_answer_that_hangs_math_verify_is_killed_by_the_pool_and_counted():
+    """A 370-million-digit power: one C call that never returns to Python. The reward's worker is killed
+    at the deadline, the sample scores the timeout value and is counted, and the next call works."""
+    fn = RewardFunction.bind("areal_trainer.reward.math.gsm8k_reward_fn", kwargs={}, key="reward.fn")
+    service = RewardService([FunctionReward(fn, workers=1, timeout=3.0)], timeout_value=-1.0)
+    try:
+        rows = [{"prompt": "q", "answer": "#### 3"}, {"prompt": "q", "answer": "#### 3"}]
+        t0 = time.monotonic()
+        scores = service.score_completions(rows, ["\\boxed{9^{9^{9}}}", "\\boxed{\\sqrt{9}}"])
+        assert time.monotonic() - t0 < 30
+        assert scores.rewards == [-1.0, 1.0] and scores.timeouts == [1, 0]
+        assert service.score_completions(rows[:1], ["#### 3"]).rewards == [1.0]  # a fresh worker took over
+    finally:
+        service.close()
 
 
 def test_math_verify_works_off_the_main_thread():
-    # math-verify's own signal-based timeouts would raise in a worker thread.
+    # math-verify's own signal-based timeouts would raise in a worker thread; they are off here.
     out = []
     th = threading.Thread(target=lambda: out.append(gsm8k_reward_fn("q", "\\boxed{\\sqrt{9}}", "#### 3")))
     th.start()
@@ -164,29 +120,11 @@ def test_math_verify_works_off_the_main_thread():
     assert out == [1.0]
 
 
-def test_worker_errors_and_crashes_score_zero_and_recover(monkeypatch):
-    for bad in (_raising_verifier, _crashing_verifier):
-        monkeypatch.setattr(verify, "equivalent", bad)
-        before = verify.stats()["errors"]
-        assert gsm8k_reward_fn("q", "\\boxed{\\sqrt{4}}", "#### 2") == 0.0
-        assert verify.stats()["errors"] == before + 1
-    monkeypatch.undo()
-    assert gsm8k_reward_fn("q", "\\boxed{\\sqrt{4}}", "#### 2") == 1.0
+def test_a_failing_math_verify_is_a_wrong_answer(monkeypatch):
+    import math_verify
 
-
-def test_worker_process_runs_kills_and_restarts():
-    worker = verify.WorkerProcess()
-    try:
-        assert worker.run(divmod, 7, 2, timeout=60) == (3, 1)
-        pid = worker.pid
-        with pytest.raises(TimeoutError):
-            worker.run(time.sleep, 30, timeout=0.2)
-        assert worker.pid is None and worker.restarts == 1
-        with pytest.raises(verify.WorkerError, match="ZeroDivisionError"):
-            worker.run(divmod, 1, 0, timeout=60)
-        assert worker.pid not in (None, pid)
-    finally:
-        worker.stop()
+    monkeypatch.setattr(math_verify, "verify", lambda *a, **k: 1 / 0)
+    assert gsm8k_reward_fn("q", "\\boxed{\\sqrt{4}}", "#### 2") == 0.0
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -194,7 +132,7 @@ def test_worker_process_runs_kills_and_restarts():
                 max_size=30).map("".join),
        st.integers(-50, 50))
 def test_reward_is_binary_and_never_raises(completion, gold):
-    assert gsm8k_reward_fn("q", completion, f"#### {gold}", timeout=2.0) in (0.0, 1.0)
+    assert gsm8k_reward_fn("q", completion, f"#### {gold}") in (0.0, 1.0)
 
 
 def test_last_boxed_nested():

@@ -10,12 +10,11 @@ from areal_trainer.components import load
 from areal_trainer.config.schema import GenerationHyperparameters
 from areal_trainer.errors import UserError
 from areal_trainer.model.builtin import build_tokenizer
-from areal_trainer.reward.math import gsm8k_reward_fn
-from areal_trainer.reward.runner import RewardRunner, Scores
 from areal_trainer.rollout.batch import concat_groups
 from areal_trainer.rollout.engine import Generation
 from areal_trainer.rollout.multiturn import DEFAULT_FEEDBACK, MultiTurnWorkflow
 from areal_trainer.rollout.workflow import prompt_ids
+from tests.groups import reward_service
 
 QUESTION = "Tom has 3 apples. Tom buys 4 more. How many apples does Tom have now?"
 SAMPLE = {"messages": [{"role": "user", "content": QUESTION}], "answer": "3 + 4 = 7\n#### 7"}
@@ -54,7 +53,7 @@ class ScriptedEngine:
 
 
 def reward_runner():
-    return RewardRunner(gsm8k_reward_fn, name="gsm8k", kwargs={}, error_value=0.0, max_error_fraction=1.0)
+    return reward_service(max_error_fraction=1.0)
 
 
 def gcfg(n=1, **kw):
@@ -183,11 +182,8 @@ def test_all_wrong_stops_at_max_turns(tok):
 
 
 def test_negative_reward_is_not_discounted(tok):
-    def minus_one(prompts, completions, answers):
-        n = len(completions)
-        return Scores([-1.0] * n, [0] * n, [0] * n)
-
-    wf = MultiTurnWorkflow(engine=ScriptedEngine(tok, [WRONG, WRONG]), tokenizer=tok, reward=minus_one,
+    wf = MultiTurnWorkflow(engine=ScriptedEngine(tok, [WRONG, WRONG]), tokenizer=tok,
+                           reward=reward_service("tests.plugins.minus_one"),
                            max_turns=2, turn_discount=0.5)
     (group,) = wf.rollout([SAMPLE], gcfg())
     assert group["rewards"].tolist() == [-1.0] and group["num_turns"].tolist() == [2.0]

@@ -9,11 +9,10 @@ from areal_trainer.config.schema import GenerationHyperparameters
 from areal_trainer.data import arith
 from areal_trainer.data.loader import PromptLoader
 from areal_trainer.model.builtin import build_model, build_tokenizer
-from areal_trainer.reward.math import gsm8k_reward_fn
-from areal_trainer.reward.runner import RewardRunner
 from areal_trainer.rollout.engine import HFEngine, rollout_copy
 from areal_trainer.rollout.workflow import RLVRWorkflow
 from areal_trainer.train.lagged import LaggedSource
+from tests.groups import reward_service
 
 G = GenerationHyperparameters(n_samples=2, max_new_tokens=10, temperature=1.0)
 
@@ -30,7 +29,7 @@ def parts():
 def _source(parts, eta=2, switch=1.0, seed=3):
     tok, models, samples = parts
     engine = HFEngine(rollout_copy(models[0]), tok, device=torch.device("cpu"), stoppable=True)
-    reward = RewardRunner(gsm8k_reward_fn, name="gsm8k", kwargs={}, error_value=0.0, max_error_fraction=1.0)
+    reward = reward_service(max_error_fraction=1.0)
     loader = PromptLoader(samples, 8, shuffle=False, drop_last=True, seed=0)
     src = LaggedSource(loader=loader, workflow=RLVRWorkflow(engine=engine, tokenizer=tok, reward=reward),
                        engine=engine, gconfig=G, batch_size=8, accept=None, dynamic_bs=False, max_rounds=1, eta=eta,

@@ -8,11 +8,10 @@ import torch
 from areal_trainer.components import load
 from areal_trainer.data.loader import PromptLoader
 from areal_trainer.model.builtin import build_model, build_tokenizer
-from areal_trainer.reward.math import gsm8k_reward_fn
-from areal_trainer.reward.runner import RewardRunner
 from areal_trainer.train.async_rollout import AsyncSource
 from areal_trainer.train.lagged import LaggedSource
 from areal_trainer.train.sources import SyncSource, build_rollout, rollout_mode
+from tests.groups import reward_service
 
 
 @pytest.mark.parametrize("overrides,kind,copy", [
@@ -29,7 +28,7 @@ def test_sources_engines_and_evaluation(overrides, kind, copy):
     mode = rollout_mode(cfg)
     loader = PromptLoader(list(range(8)), 2, shuffle=False, drop_last=True, seed=0,
                           mode="local" if mode == "concurrent" else "global")
-    reward = RewardRunner(gsm8k_reward_fn, name="r", kwargs={}, error_value=0.0, max_error_fraction=1.0)
+    reward = reward_service(max_error_fraction=1.0)
     r = build_rollout(cfg, built.rollout, model=model, tokenizer=tok, reward=reward, loader=loader, device=torch.device("cpu"),
                       autocast_dtype=None, world_size=1, reduce_max=lambda x: x)
     assert isinstance(r.source, kind)

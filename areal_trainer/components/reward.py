@@ -1,0 +1,112 @@
+"""Binding ``reward.*`` once: the reward functions (either signature), a reward model, a scoring service,
+and how they combine. Nothing starts here (no worker process, no model): :meth:`RewardSpec.start` does
+that when the run begins, and the run closes what it started.
+
+The sources, in the order ``reward.weights`` follows: the functions of ``reward.fn`` (in list order),
+then the reward model (``reward.model.path``), then the remote service (``reward.url``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import is_number
+from ..plugins import PluginError
+from ..reward.functions import RewardFunction
+from ..reward.model import reward_model_problems
+from ..reward.remote import url_problems
+
+STYLES = ("auto", "sample", "batched")
+
+
+@dataclass(frozen=True)
+class RewardSpec:
+    """The bound reward sources and their combination (see the module docstring)."""
+
+    functions: tuple[RewardFunction, ...]
+    weights: tuple[float, ...] | None
+    config: Any = field(repr=False)
+    """The ``reward`` section (worker count, timeouts, the service's and the model's settings)."""
+
+    @property
+    def names(self) -> list[str]:
+        return [f.name for f in self.functions] + (["reward_model"] if self.config.model.path else []) + (
+            ["remote"] if self.config.url else [])
+
+    def start(self, *, device):
+        """The running reward service: worker pools, the reward model on ``device``, the service's client."""
+        from ..reward.model import ModelReward, ModelSource
+        from ..reward.remote import RemoteReward
+        from ..reward.service import FunctionReward, RewardService
+
+        r = self.config
+        sources: list = [FunctionReward(fn, workers=r.workers, timeout=r.timeout) for fn in self.functions]
+        if r.model.path:
+            sources.append(ModelSource(ModelReward(r.model.path, device=device, dtype=r.model.dtype,
+                                                   micro_batch_size=r.model.micro_batch_size)))
+        if r.url:
+            sources.append(RemoteReward(r.url, timeout=r.url_timeout, retries=r.url_retries,
+                                        max_concurrent=r.url_max_concurrent, batch_size=r.url_batch_size))
+        return RewardService(sources, weights=list(self.weights) if self.weights else None,
+                             error_value=r.error_value, timeout_value=r.timeout_value,
+                             max_error_fraction=r.max_error_fraction)
+
+
+def bind_reward(r, problems: list[str]) -> RewardSpec | None:
+    """The reward ``r`` (the ``reward`` section) describes; every problem is appended to ``problems``."""
+    n = len(problems)
+    paths = [] if r.fn is None else [r.fn] if isinstance(r.fn, str) else list(r.fn)
+    if not all(isinstance(p, str) for p in paths):
+        problems.append(f"reward.fn: got {r.fn!r}; give an import path 'package.module.function', a list of them, "
+                        "or null (with reward.model.path or reward.url).")
+        return None
+    if r.style not in STYLES:
+        problems.append(f"reward.style: got {r.style!r}; must be one of {', '.join(STYLES)}.")
+    functions = []
+    for i, path in enumerate(paths):
+        key = "reward.fn" if isinstance(r.fn, str) else f"reward.fn[{i}]"
+        try:
+            functions.append(RewardFunction.bind(path, kwargs=_kwargs_of(r, path, len(paths), problems), key=key,
+                                                 style=r.style if r.style in STYLES else "auto"))
+        except PluginError as e:
+            problems.append(str(e))
+    n_sources = len(paths) + bool(r.model.path) + bool(r.url)
+    if n_sources == 0:
+        problems.append("reward: no reward source: set reward.fn (a function), reward.model.path (a reward model) "
+                        "or reward.url (a scoring service).")
+    if r.weights is not None:
+        if len(r.weights) != n_sources:
+            problems.append(f"reward.weights: {len(r.weights)} weights for {n_sources} reward sources (the functions "
+                            "of reward.fn in order, then reward.model, then reward.url); give one weight per source.")
+        problems += [f"reward.weights[{i}]: got {w!r}; must be a number." for i, w in enumerate(r.weights)
+                     if not is_number(w)]
+    if r.workers is None or isinstance(r.workers, bool) or not isinstance(r.workers, int) or r.workers < 0:
+        problems.append(f"reward.workers: got {r.workers!r}; must be an integer >= 0 (0 runs the functions in the "
+                        "trainer's process, for debugging).")
+    for name in ("timeout", "url_timeout"):
+        value = getattr(r, name)
+        if not is_number(value) or not value > 0:
+            problems.append(f"reward.{name}: got {value!r}; must be > 0 seconds.")
+    if r.url is not None:
+        problems += url_problems(r.url, "reward.url")
+    if r.model.path:
+        problems += reward_model_problems(r.model.path, "reward.model.path")
+    if len(problems) > n:
+        return None
+    return RewardSpec(tuple(functions), None if r.weights is None else tuple(float(w) for w in r.weights), r)
+
+
+def _kwargs_of(r, path: str, n_paths: int, problems: list[str]) -> dict:
+    """``reward.kwargs``: the function's own with one function; with a list, a map from each function's
+    name (or path) to its kwargs."""
+    if n_paths <= 1:
+        return dict(r.kwargs)
+    name = path.rsplit(".", 1)[-1].split(":")[-1]
+    unknown = [k for k in r.kwargs if k not in (path, name) and not any(k in (p, p.rsplit(".", 1)[-1])
+                                                                        for p in r.fn)]
+    if unknown and path == r.fn[0]:
+        problems.append(f"reward.kwargs: with a list of functions, its keys name the functions (by name or path): "
+                        f"{', '.join(map(repr, unknown))} names none of them.")
+    own = r.kwargs.get(path, r.kwargs.get(name, {}))
+    return dict(own) if isinstance(own, dict) else {}
