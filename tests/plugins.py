@@ -298,6 +298,33 @@ def positional_only(prompt, completion, answer, extra, /):
 
 
 
+def recorded_accuracy(prompts, completions, solution, **kwargs):
+    """:func:`accuracy` that also appends what it was given (one JSON line per call) to ``$AREAL_TEST_RECORD``."""
+    import json
+
+    with open(os.environ["AREAL_TEST_RECORD"], "a") as f:
+        f.write(json.dumps({"prompts": prompts, "completions": completions, "solution": solution,
+                            "columns": sorted(kwargs)}) + "\n")
+    return accuracy(completions, solution)
+
+
+def tolerant(prompt, completion, answer, tolerance):
+    """Per-sample reward with a row column: 1.0 when the completion's last number (0 without one) is within
+    the row's ``tolerance`` of the answer's."""
+    import re
+
+    def last(text):
+        found = re.findall(r"-?\d+", text)
+        return float(found[-1]) if found else 0.0
+
+    return 1.0 if abs(last(completion) - last(answer)) <= tolerance else 0.0
+
+
+def by_mode(prompt, completion, answer, mode, **kwargs):
+    """Per-sample reward that does what the row's ``mode`` column says (see :func:`behave`)."""
+    return behave(mode)
+
+
 def solution_only(completions, solution):
     return [float(c == s) for c, s in zip(completions, solution)]
 

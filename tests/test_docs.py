@@ -47,3 +47,37 @@ def test_every_cited_path_and_name_exists(path, name):
     assert os.path.exists(full), f"docs/architecture.md cites {path}, which does not exist"
     if name:
         assert name in _defined(full), f"docs/architecture.md cites {path}::{name}, which is not defined there"
+
+
+# -- the task documentation (README's section and docs/tasks.md) against the schema and --help -----------
+TASK_DOCS = [os.path.join(ROOT, "docs", "tasks.md"), os.path.join(ROOT, "README.md")]
+KEY = re.compile(r"`((?:reward|train_dataset|valid_dataset)\.[\w.]+)")
+
+
+def _read(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+@pytest.mark.parametrize("path", TASK_DOCS, ids=os.path.basename)
+def test_every_key_the_task_docs_name_exists(path):
+    from areal_trainer.config.keys import lookup
+
+    named = set(KEY.findall(_read(path)))
+    assert len(named) >= 5
+    assert [k for k in sorted(named) if lookup(k) is None] == []
+
+
+def test_task_docs_and_help_give_the_same_reward_signatures_and_order_of_weights():
+    from areal_trainer.config.help import key_help
+
+    help_text = " ".join(key_help("reward").split())
+    docs = " ".join(_read(TASK_DOCS[0]).split())
+    for signature in ("fn(prompt, completion, answer, **row_fields) -> float | None",
+                      "fn(prompts, completions, **columns) -> list[float | None]"):
+        assert signature in help_text and signature in docs
+    assert "the functions of `fn`, then `model`, then `url`" in help_text
+    assert "the functions of `reward.fn` in list order, then `reward.model.path`, then `reward.url`" in docs
+    data_help = " ".join(key_help("train_dataset").split())
+    for column in ("`prompt`, `messages`, `question`", "`answer` when the rows have it"):
+        assert column in data_help and column in docs

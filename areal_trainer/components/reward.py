@@ -8,7 +8,7 @@ then the reward model (``reward.model.path``), then the remote service (``reward
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import is_number
@@ -26,13 +26,20 @@ class RewardSpec:
 
     functions: tuple[RewardFunction, ...]
     weights: tuple[float, ...] | None
-    config: Any = field(repr=False)
-    """The ``reward`` section (worker count, timeouts, the service's and the model's settings)."""
+    workers: int
+    timeout: float
+    timeout_value: float
+    error_value: float
+    max_error_fraction: float
+    model: dict[str, Any] | None = None
+    """``ModelReward``'s arguments (``path``, ``dtype``, ``micro_batch_size``), or None without a reward model."""
+    remote: dict[str, Any] | None = None
+    """``RemoteReward``'s arguments (``url``, ``timeout``, ``retries``, ...), or None without a scoring service."""
 
     @property
     def names(self) -> list[str]:
-        return [f.name for f in self.functions] + (["reward_model"] if self.config.model.path else []) + (
-            ["remote"] if self.config.url else [])
+        return [f.name for f in self.functions] + (["reward_model"] if self.model else []) + (
+            ["remote"] if self.remote else [])
 
     def start(self, *, device):
         """The running reward service: worker pools, the reward model on ``device``, the service's client."""
@@ -40,17 +47,14 @@ class RewardSpec:
         from ..reward.remote import RemoteReward
         from ..reward.service import FunctionReward, RewardService
 
-        r = self.config
-        sources: list = [FunctionReward(fn, workers=r.workers, timeout=r.timeout) for fn in self.functions]
-        if r.model.path:
-            sources.append(ModelSource(ModelReward(r.model.path, device=device, dtype=r.model.dtype,
-                                                   micro_batch_size=r.model.micro_batch_size)))
-        if r.url:
-            sources.append(RemoteReward(r.url, timeout=r.url_timeout, retries=r.url_retries,
-                                        max_concurrent=r.url_max_concurrent, batch_size=r.url_batch_size))
+        sources: list = [FunctionReward(fn, workers=self.workers, timeout=self.timeout) for fn in self.functions]
+        if self.model:
+            sources.append(ModelSource(ModelReward(device=device, **self.model)))
+        if self.remote:
+            sources.append(RemoteReward(**self.remote))
         return RewardService(sources, weights=list(self.weights) if self.weights else None,
-                             error_value=r.error_value, timeout_value=r.timeout_value,
-                             max_error_fraction=r.max_error_fraction)
+                             error_value=self.error_value, timeout_value=self.timeout_value,
+                             max_error_fraction=self.max_error_fraction)
 
 
 def bind_reward(r, problems: list[str]) -> RewardSpec | None:
@@ -94,7 +98,14 @@ def bind_reward(r, problems: list[str]) -> RewardSpec | None:
         problems += reward_model_problems(r.model.path, "reward.model.path")
     if len(problems) > n:
         return None
-    return RewardSpec(tuple(functions), None if r.weights is None else tuple(float(w) for w in r.weights), r)
+    model = dict(path=r.model.path, dtype=r.model.dtype, micro_batch_size=r.model.micro_batch_size) \
+        if r.model.path else None
+    remote = dict(url=r.url, timeout=r.url_timeout, retries=r.url_retries, max_concurrent=r.url_max_concurrent,
+                  batch_size=r.url_batch_size) if r.url else None
+    return RewardSpec(tuple(functions), None if r.weights is None else tuple(float(w) for w in r.weights),
+                      workers=r.workers, timeout=float(r.timeout), timeout_value=float(r.timeout_value),
+                      error_value=float(r.error_value), max_error_fraction=float(r.max_error_fraction),
+                      model=model, remote=remote)
 
 
 def _kwargs_of(r, path: str, n_paths: int, problems: list[str]) -> dict:

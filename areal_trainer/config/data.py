@@ -12,7 +12,8 @@ from .base import Checked, at_least_one, one_of
 @dataclass
 class DatasetConfig(Checked):
     """A prompt dataset: ``builtin:arith`` (generated offline), a HF hub id, or local files; rows with a prompt
-    (text or chat messages), an optional answer and any other columns (``data/datasets.py``)."""
+    (text or chat messages), an optional answer and any other columns (``data/datasets.py``; shapes, column
+    keys and worked examples: docs/tasks.md)."""
 
     path: str = "builtin:arith"
     """``builtin:arith``, a HF hub dataset id, a local ``.jsonl``/``.json``/``.parquet``/``.csv`` file, a

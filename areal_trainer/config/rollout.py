@@ -99,7 +99,8 @@ class RewardConfig(Checked):
     conversational rows), ``completion`` the answer (text, or ``[{"role": "assistant", "content": ...}]``
     for conversational rows), ``answer`` the row's answer column (None when there is none); every other
     column of the row is passed by name, as far as the function takes it. ``async def`` functions are
-    awaited concurrently. ``None`` means "not applicable": left out of the weighted sum, and counted."""
+    awaited concurrently. ``None`` means "not applicable": left out of the weighted sum, and counted.
+    Worked examples, the service protocol and the failure counters: docs/tasks.md."""
 
     fn: Any = "areal_trainer.reward.math.gsm8k_reward_fn"
     """Import path of the reward function, a list of them, or null (a reward model or a service alone)."""

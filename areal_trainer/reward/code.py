@@ -69,7 +69,7 @@ import textwrap
 import time
 
 from ..errors import UserError
-from . import sandbox
+from . import completion_text, sandbox
 
 logger = logging.getLogger(__name__)
 
@@ -85,10 +85,11 @@ _warned: set[str] = set()
 def unit_tests(prompt, completion, answer, *, tests=None, timeout: float = 5.0, memory_mb: int = 512,
                **fields) -> float:
     """Fraction of ``tests`` (the row's column; ``answer`` when it has none) that pass after the
-    completion's code; see the module docstring. ``prompt`` and other row fields are ignored."""
+    completion's code (a conversational completion: its last message's); see the module docstring.
+    ``prompt`` and other row fields are ignored."""
     test_list = split_tests(answer if tests is None else tests, "tests" if tests is not None else "answer")
     _check_limits(timeout, memory_mb)
-    passed = run_tests(extract_code(completion or ""), test_list, timeout=float(timeout),
+    passed = run_tests(extract_code(completion_text(completion)), test_list, timeout=float(timeout),
                        memory_mb=int(memory_mb))
     return sum(passed) / len(test_list)
 

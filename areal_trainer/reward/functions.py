@@ -6,8 +6,8 @@ The two forms, told apart by signature once, at start-up (``style="auto"``):
 1. **per sample**: ``fn(prompt, completion, answer, **row_fields) -> float | None``, called once per
    sample. It must take three positional parameters.
 2. **batched** (TRL's form): ``fn(prompts, completions, **columns) -> list[float | None]``, called
-   once per batch (or chunk of one) with keyword lists ``prompts``, ``completions``, ``answer`` and one
-   per row column. A function is batched when it has a parameter named ``completions`` or ``prompts``.
+   once per batch (or chunk of one) with keyword lists ``prompts``, ``completions``, ``answer`` (when
+   the rows have answers, or the function names it) and one per row column. A function is batched when it has a parameter named ``completions`` or ``prompts``.
 
 Row columns are passed only as far as the function takes them by name (all of them when it has
 ``**kwargs``), so a dataset may carry columns a function ignores. The configured ``kwargs`` come last
@@ -185,9 +185,10 @@ class RewardFunction:
             columns.update(dict.fromkeys(s.fields))
         self._check_columns(frozenset(columns) | set(BATCH_NAMES))
         kwargs = {}
+        has_answer = any(s.answer is not None for s in samples)  # a dataset without answers: no such column
         for name, get in (("prompts", lambda s: s.prompt), ("completions", lambda s: s.completion),
                           ("answer", lambda s: s.answer)):
-            if self._varkw or name in self._named:
+            if name in self._named or (self._varkw and (name != "answer" or has_answer)):
                 kwargs[name] = [get(s) for s in samples]
         for col in columns:
             if self.takes(col):

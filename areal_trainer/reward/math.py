@@ -25,6 +25,8 @@ import logging
 import re
 from fractions import Fraction
 
+from . import completion_text
+
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?(?:\s*\\?%)?")
 _HASHES = re.compile(r"####\s*([^\n]*)")
 _PERCENT = re.compile(r"\s*\\?%$")
@@ -135,9 +137,11 @@ def equivalent(gold: str, prediction: str) -> bool:
         return False
 
 
-def gsm8k_reward_fn(prompt, completion: str, answer: str | None, **kwargs) -> float:
+def gsm8k_reward_fn(prompt, completion: str | list[dict], answer: str | None, **kwargs) -> float:
     """1.0 if the completion's final answer equals the reference answer, else 0.0 (other keyword arguments,
-    such as the row's columns, are accepted and ignored)."""
+    such as the row's columns, are accepted and ignored). A conversational completion is read from its
+    last message."""
+    completion = completion_text(completion)
     gold_text = reference_answer(answer or "")
     if not completion or not completion.strip() or not gold_text:
         return 0.0

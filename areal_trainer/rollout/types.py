@@ -94,16 +94,15 @@ class TrajectoryGroup:
       optionally ``token_rewards`` (float, process rewards);
     * per row ``[G]``: ``rewards`` (float), ``is_truncated`` (bool), optionally ``num_turns``.
 
-    ``stats`` are this group's counts for the step's metrics (``reward_errors``: samples whose reward
-    function raised; ``verify_timeouts``: answer checks that ran out of time), summed over the
-    groups of a step. ``prompt_id`` is the prompt's dataset row, set by the trainer's rollout source.
+    ``stats`` are this group's reward metrics (``reward/errors``, ``reward/timeouts``, ... and each
+    source's mean; ``RewardScores.typed``), combined over the groups of a step by their reductions. ``prompt_id`` is the prompt's dataset row, set by the trainer's rollout source.
 
     Read access by key (``group["rewards"]``) goes to ``tensors``, so a dynamic filter sees the
     group like a dict.
     """
 
     tensors: dict[str, torch.Tensor]
-    stats: dict[str, float] = field(default_factory=dict)
+    stats: dict[str, Any] = field(default_factory=dict)
     prompt_id: int | None = None
 
     def __getitem__(self, key: str) -> torch.Tensor:

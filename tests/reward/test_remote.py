@@ -2,11 +2,8 @@
 and a clear stop (never silent zeros) when the service does not answer properly."""
 
 import asyncio
-import json
 import socket
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -14,49 +11,7 @@ from areal_trainer.errors import UserError
 from areal_trainer.reward.functions import RewardSample
 from areal_trainer.reward.remote import RemoteReward, url_problems
 from areal_trainer.reward.service import RewardService
-
-
-class Server:
-    """A scoring service on 127.0.0.1: reward = length of the completion, or what ``reply`` says."""
-
-    def __init__(self):
-        self.requests, self.in_flight, self.max_in_flight = [], 0, 0
-        self.lock = threading.Lock()
-        self.delay = 0.0  # seconds per request, or a function of the request body
-        self.reply = None  # (status, body) for the next requests, consumed one by one
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                with server.lock:
-                    server.requests.append(body)
-                    server.in_flight += 1
-                    server.max_in_flight = max(server.max_in_flight, server.in_flight)
-                    canned = server.reply.pop(0) if server.reply else None
-                time.sleep(server.delay(body) if callable(server.delay) else server.delay)
-                with server.lock:
-                    server.in_flight -= 1
-                status, text = canned or (200, json.dumps(
-                    {"rewards": [float(len(s["completion"])) if s["completion"] else None for s in body["samples"]]}))
-                data = text.encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/score"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True)
-        self.thread.start()
-
-    def stop(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+from tests.servers import Server
 
 
 @pytest.fixture
