@@ -1,5 +1,12 @@
 """Errors shown to the user as one clear message (no traceback) by the command line, and the helpers
-that word them. The bottom layer of the package: it imports nothing of it."""
+that word them. The bottom layer of the package: it imports nothing of it.
+
+The command line prints ``Error: <message>`` and exits 1 for a :class:`UserError` (which includes
+:class:`PluginOutputError`), a :class:`ConfigError` or a ``plugins.PluginError``. With the
+environment variable ``AREAL_TRAINER_DEBUG=1`` it shows the full traceback of these errors too
+(with any chained cause): they are raised where the problem is found, so the traceback leads to
+the check, and through it to the call of the user's function.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +17,16 @@ from typing import Any
 
 class UserError(RuntimeError):
     """A problem the user can fix (bad path, bad data row, failing plugin); the message says how."""
+
+
+class PluginOutputError(UserError, ValueError, TypeError):
+    """What a user function (a plugin named by import path) returned breaks its contract: a wrong type,
+    shape, device or dtype, non-finite values, an input modified in place, a loss without a gradient.
+
+    The message starts with the plugin's label, its config key and import path (``actor.advantage.estimator
+    (mypkg.adv.fn): ...``), then names the field, what is wrong and the fix. It is also a ``ValueError``
+    and a ``TypeError``, the classes these checks raised before, so callers catching those still do.
+    """
 
 
 class ConfigError(ValueError):

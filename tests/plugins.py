@@ -347,3 +347,59 @@ def nan_gradient_loss(inputs, *, normalizer=None) -> PolicyLossResult:
 def minus_one(prompt, completion, answer, **kwargs) -> float:
     """A reward of -1 whatever the answer."""
     return -1.0
+
+# -- plugins whose output breaks its contract: each run stops with one `Error:` line naming it ------
+# (tests/e2e/test_plugin_errors.py, and the unit tests beside the checks)
+
+
+def nan_lambda(ctx) -> torch.Tensor:
+    """An ``actor.gae_lambda`` function whose lambdas are NaN."""
+    return torch.full_like(ctx.timestep_lengths, float("nan"))
+
+
+def per_token_lambda(ctx) -> torch.Tensor:
+    """An ``actor.gae_lambda`` function that returns one lambda per token instead of one per row."""
+    return torch.ones(int(ctx.timestep_lengths.sum()) + 1)
+
+
+def detached_loss(inputs, *, normalizer=None) -> PolicyLossResult:
+    """A whole policy loss with the right value but cut from autograd (``.detach()``): no gradient."""
+    res = PolicyLoss()(inputs, normalizer)
+    return PolicyLossResult(res.loss.detach(), res.stats)
+
+
+def leaf_loss(inputs, *, normalizer=None) -> PolicyLossResult:
+    """A whole policy loss rebuilt as a new leaf tensor: ``requires_grad`` is set, but it reaches no weight."""
+    value = PolicyLoss()(inputs, normalizer).loss.item()
+    return PolicyLossResult(torch.tensor(value, requires_grad=True), {})
+
+
+def detached_surrogate(x) -> SurrogateResult:
+    """The plain policy gradient surrogate, detached: its per-token loss carries no gradient."""
+    return SurrogateResult((-x.advantages * x.ratio).detach(), {})
+
+
+class TextWorkflow:
+    """A workflow whose ``rollout`` returns each prompt's text instead of a trajectory group."""
+
+    def __init__(self, *, engine, tokenizer, reward):
+        pass
+
+    def rollout(self, samples, gconfig):
+        return [str(s.get("prompt", s)) for s in samples]
+
+
+# -- faults of the command-line tests (tests/e2e/test_faults.py) ----------------------------------------
+
+def nan_when_asked(x) -> SurrogateResult:
+    """The plain policy gradient; with ``AREAL_TEST_NAN=1`` in the environment its gradient is NaN
+    (d sqrt|t| / dt at t = 0), so every update of that run is skipped as non-finite."""
+    loss = -x.advantages * x.ratio
+    if os.environ.get("AREAL_TEST_NAN") == "1":
+        loss = loss + (x.ratio - x.ratio.detach()).abs().sqrt()
+    return SurrogateResult(loss, {})
+
+
+def crashing_filter(group) -> bool:
+    """A dynamic filter with a bug: the run crashes with a traceback."""
+    return 1 / 0 > 0

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..errors import PluginOutputError
 from .scan import reverse_discounted_cumsum
 from .turns import MISSING_TURN_IDS, as_float_mask, validated_turn_starts
 
@@ -99,20 +100,29 @@ def compute_gae_lambda(
                         f"actor.gae_lambda names, resolved); got {type(fn).__name__}.")
     ctx = gae_lambda_context(loss_mask, turn_ids, time_unit=time_unit)
     out = fn(ctx, **dict(kwargs or {}))
-    name = getattr(fn, "__qualname__", repr(fn))
+    label = f"actor.gae_lambda ({_import_path(fn)})"
     if not isinstance(out, torch.Tensor):
-        raise TypeError(f"actor.gae_lambda ({name}) must return a torch.Tensor; got {type(out).__name__}.")
+        raise PluginOutputError(f"{label}: must return a torch.Tensor; got {type(out).__name__}. Build it from "
+                                "the context's tensors, e.g. torch.full_like(ctx.timestep_lengths, 0.95).")
     n_rows = loss_mask.shape[0]
     if tuple(out.shape) != (n_rows,):
-        raise ValueError(f"actor.gae_lambda ({name}) must return one value per local trajectory, shape "
-                         f"({n_rows},); got {tuple(out.shape)}.")
+        raise PluginOutputError(f"{label}: must return one value per local trajectory, shape ({n_rows},); got "
+                                f"{tuple(out.shape)}. Return one lambda per row of ctx.timestep_lengths.")
     if out.device != loss_mask.device:
-        raise ValueError(f"actor.gae_lambda ({name}) returned a tensor on {out.device}; expected {loss_mask.device}.")
+        raise PluginOutputError(f"{label}: returned a tensor on {out.device}; expected {loss_mask.device}, the "
+                                "device of the context's tensors.")
     if not out.is_floating_point():
-        raise TypeError(f"actor.gae_lambda ({name}) must return a floating tensor; got {out.dtype}.")
+        raise PluginOutputError(f"{label}: must return a floating tensor; got {out.dtype}. Convert it with .float().")
     if not bool(torch.isfinite(out).all()):
-        raise RuntimeError(f"actor.gae_lambda ({name}) returned non-finite lambdas.")
+        raise PluginOutputError(f"{label}: returned non-finite lambdas; every lambda must be a finite number "
+                                "(usually in [0, 1]).")
     return out.detach().float()
+
+
+def _import_path(fn: Callable) -> str:
+    """``module.qualname`` of a lambda function, the import path the config names it by."""
+    module, name = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+    return f"{module}.{name}" if module and name else repr(fn)
 
 
 def token_level_gae(

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from ..errors import PluginOutputError
 from . import validation as check
 from .align import aligned_mask, aligned_turn_ids, bootstrap_values, old_logprobs, reward_kl, truncation_flags
 from .datatypes import (
@@ -183,9 +184,9 @@ def _outcome(inputs: AdvantageInputs, stages: Stages, n_rows: int, device) -> tu
     norm_on = norm is not None and (norm.mean_level is not None or norm.std_level is not None)
     refs = out.normalization_rewards
     if norm_on and explicit and refs is None and not stage.builtin:
-        raise ValueError(f"{stage.label}: the batch carries explicit logical-rollout rewards and reward_norm is on, "
-                         "so the outcome stage must return OutcomeResult.normalization_rewards (its transform "
-                         "applied to the references in meta.rollout_groups).")
+        raise PluginOutputError(f"{stage.label}: the batch carries explicit logical-rollout rewards and reward_norm "
+                                "is on, so the outcome stage must return OutcomeResult.normalization_rewards (its "
+                                "transform applied to the references in meta.rollout_groups).")
     scores = normalize_rewards(out.rewards, settings=cfg, meta=meta, references=refs,
                                unpenalized=raw if cfg.overlong_reward_penalty else None, all_reduce=inputs.all_reduce)
     return penalized, scores

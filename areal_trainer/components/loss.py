@@ -12,8 +12,8 @@
   ``fn(PolicyLossInputs, *, normalizer, **kwargs) -> PolicyLossResult``.
 
 Every problem is reported as one ``ConfigError`` naming the keys; a user function's output is
-checked at every call (shape, finiteness, a scalar loss and a dict of scalar stats) and a bad one
-stops the run naming the function.
+checked at every call (shape, finiteness, a scalar loss and a dict of scalar stats, and that the loss
+has a gradient) and a bad one stops the run with a ``PluginOutputError`` naming the function.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from ..config.areal_keys import surrogate_choice
-from ..errors import ConfigError, UserError, one_of
+from ..errors import ConfigError, PluginOutputError, one_of
 from ..loss import (
     SURROGATES,
     BoundSurrogate,
@@ -145,7 +145,19 @@ def _resolve(path: str, key: str, kwargs, problems: list[str], *, n_positional: 
 
 
 def _fail(label: str, what: str) -> None:
-    raise UserError(f"{label}: {what}")
+    raise PluginOutputError(f"{label}: {what}")
+
+
+def _check_gradient(label: str, name: str, out: torch.Tensor, logprobs: torch.Tensor) -> None:
+    """``out`` must reach the policy's log-probs through autograd whenever they carry a gradient (reads
+    metadata only, no host sync). Without this, ``backward()`` fails later with torch's "element 0 of
+    tensors does not require grad", which names no plugin; a leaf (``requires_grad`` set, no
+    ``grad_fn``) would even train nothing, silently."""
+    if torch.is_grad_enabled() and logprobs.requires_grad and out.grad_fn is None:
+        _fail(label, f"the {name} has no gradient (requires_grad={out.requires_grad}, grad_fn=None), so training "
+                     "would not change the policy. Compute it with torch operations from the inputs' logprobs "
+                     "(or ratio); do not .detach() it, call .item() on it, or rebuild it with torch.tensor() (a zero "
+                     "loss is (inputs.logprobs * 0).sum()).")
 
 
 def _check_stats(label: str, stats: Any) -> None:
@@ -165,6 +177,7 @@ def _checked_surrogate(fn: Callable, label: str) -> Callable:
         token_loss, stats = out
         if tuple(token_loss.shape) != tuple(x.ratio.shape):
             _fail(label, f"token_loss has shape {tuple(token_loss.shape)}; expected {tuple(x.ratio.shape)} like the ratio.")
+        _check_gradient(label, "token_loss", token_loss, x.logprobs)
         if not bool(torch.isfinite(torch.where(x.mask, token_loss.detach(), 0.0)).all()):
             _fail(label, "token_loss has NaN or inf on loss tokens.")
         _check_stats(label, stats)
@@ -187,6 +200,7 @@ class CheckedLoss:
         loss, stats = out
         if loss.dim() != 0 or not loss.is_floating_point():
             _fail(self.label, f"the loss must be a 0-dim float tensor; got shape {tuple(loss.shape)}, {loss.dtype}.")
+        _check_gradient(self.label, "loss", loss, inputs.logprobs)
         if not bool(torch.isfinite(loss.detach())):
             _fail(self.label, f"the loss is {float(loss)}; it must be finite.")
         _check_stats(self.label, stats)

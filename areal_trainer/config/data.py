@@ -8,6 +8,9 @@ from typing import Optional
 
 from .base import Checked, at_least_one, one_of
 
+OVERLONG_PROMPTS = (None, "drop", "error")
+"""The values of ``overlong_prompts`` (null: ``drop``)."""
+
 
 @dataclass
 class DatasetConfig(Checked):
@@ -35,6 +38,13 @@ class DatasetConfig(Checked):
     max_length: Optional[int] = None
     """Drop prompts longer than this many tokens: the user message of a text prompt (the text in
     ``prompt_template``, then ``prompt_suffix``), the rendered conversation of a chat prompt."""
+    overlong_prompts: Optional[str] = None
+    """``drop`` (null: the default) or ``error``: a prompt with no room for an answer within the row limit is
+    left out (one warning gives their count and an example) or stops the run, naming it. The row limit is
+    the smaller of ``gconfig.max_tokens`` (valid_dataset: ``eval_gconfig.max_tokens``) and the model's
+    positions (``max_position_embeddings``); a prompt has no room when its tokens, as the chat template
+    renders them, plus one reach past it. Kept prompts are answered in at most ``min(max_new_tokens,
+    limit - prompt tokens)`` tokens. valid_dataset: null = train_dataset's."""
     max_rows: Optional[int] = None
     """Use at most this many rows (for builtin:arith: how many problems to generate)."""
     prompt_key: Optional[str] = None
@@ -68,6 +78,7 @@ class DatasetConfig(Checked):
         p += at_least_one(f"{key}.batch_size", self.batch_size)
         for name in ("max_length", "max_rows"):
             p += at_least_one(f"{key}.{name}", getattr(self, name), nullable=True)
+        p += one_of(f"{key}.overlong_prompts", self.overlong_prompts, OVERLONG_PROMPTS)
         return p + self.prompt_problems(key)
 
     def prompt_problems(self, key: str) -> list[str]:
@@ -107,7 +118,7 @@ class DatasetConfig(Checked):
         return dataclasses.replace(self, **{n: getattr(other, n) for n in INHERITED_KEYS if getattr(self, n) is None})
 
 
-INHERITED_KEYS = ("prompt_key", "answer_key", "system_prompt", "prompt_template", "prompt_suffix")
+INHERITED_KEYS = ("prompt_key", "answer_key", "system_prompt", "prompt_template", "prompt_suffix", "overlong_prompts")
 """The keys of ``DatasetConfig`` that valid_dataset takes from train_dataset where its own are null."""
 
 

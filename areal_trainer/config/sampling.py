@@ -16,7 +16,9 @@ class GenerationHyperparameters(Checked):
     min_new_tokens: int = 0
     """End-of-answer tokens are suppressed until an answer has this many tokens."""
     max_tokens: int = 32768
-    """Prompt + answer length limit."""
+    """Prompt + answer length limit (or the model's positions, if fewer): each answer has at most
+    ``min(max_new_tokens, limit - prompt tokens)`` tokens; prompts with no room are dropped when the data is
+    built (``train_dataset.overlong_prompts``)."""
     greedy: bool = False
     """Greedy decoding (argmax); temperature, top_p and top_k are then not used."""
     top_p: float = 1.0

@@ -18,13 +18,20 @@ where ``prompt`` is the row's own prompt (text or messages), ``answer`` its answ
 ``fields`` every other column by name, ``row`` where it came from. Rewards and agents receive the row's
 own prompt and columns, never the rendered chat text. A column value of the wrong kind (a list in a text
 column, a number as a prompt) is an error naming the column and the row, never stringified.
+
+Length. A prompt that leaves no room for one answer token within the row limit (``model/limits.py``:
+``gconfig.max_tokens`` or the model's positions, the smaller), counted as the engine sees it (rendered by
+the chat template), is dropped with a warning, or is an error with ``overlong_prompts: error``.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from ..errors import UserError
+from ..model.chat import prompt_lengths
+from ..model.limits import RowLimit
 from . import arith
 from .files import Row, local_files, read_files
 
@@ -164,9 +171,10 @@ def demonstration(sample: dict) -> str:
     return sample["fields"].get("demonstration", sample["answer"])
 
 
-def build_samples(cfg: Any, tokenizer, key: str) -> list[dict]:
+def build_samples(cfg: Any, tokenizer, key: str, limit: RowLimit | None = None) -> list[dict]:
     """Rows as samples; prompts longer than ``cfg.max_length`` tokens (the user message of a text prompt,
-    the rendered conversation of a chat prompt) are dropped."""
+    the rendered conversation of a chat prompt) are dropped, and so are those with no room for an answer
+    within ``limit`` (or they are an error: ``cfg.overlong_prompts``)."""
     check_system_role(cfg, tokenizer, key)
     rows = load_rows(cfg, key)
     if not rows:
@@ -185,9 +193,32 @@ def build_samples(cfg: Any, tokenizer, key: str) -> list[dict]:
     if problems:
         more = f" ({len(problems) - 1} more of the {len(rows)} rows have problems too.)" if len(problems) > 1 else ""
         raise UserError(f"{problems[0]}{more}")
+    if limit is not None:
+        samples = _within(samples, cfg, tokenizer, key, limit)
     if not samples:
-        raise UserError(f"{key}: no usable rows in {cfg.path!r} (max_length={cfg.max_length} dropped them all?).")
+        raise UserError(f"{key}: no usable rows in {cfg.path!r} (max_length={cfg.max_length} or the row limit dropped "
+                        "them all?).")
     return samples
+
+
+def _within(samples: list[dict], cfg: Any, tokenizer, key: str, limit: RowLimit) -> list[dict]:
+    """The samples whose prompt leaves room for one answer token within ``limit``; the others are dropped
+    with one warning, or are an error (``cfg.overlong_prompts``)."""
+    lengths = prompt_lengths(tokenizer, [s["messages"] for s in samples])
+    over = [i for i, n in enumerate(lengths) if n + 1 > limit.tokens]
+    if not over:
+        return samples
+    first = samples[over[0]]
+    example = (f"{first['row']} has {lengths[over[0]]} prompt tokens (rendered by the chat template) and the row "
+               f"limit is {limit.tokens} tokens of prompt plus answer ({limit.source})")
+    if (cfg.overlong_prompts or "drop") == "error":
+        more = f" ({len(over) - 1} more of the {len(samples)} prompts are too long too.)" if len(over) > 1 else ""
+        raise UserError(f"{key}: {example}, so no answer fits.{more} Shorten or remove such prompts, {limit.fix}, "
+                        f"or set {key}.overlong_prompts=drop to leave them out.")
+    warnings.warn(f"{key}: dropped {len(over)} of {len(samples)} prompts with no room for an answer: e.g. {example}. "
+                  f"Set {key}.overlong_prompts=error to stop instead.", UserWarning, stacklevel=3)
+    dropped = set(over)
+    return [s for i, s in enumerate(samples) if i not in dropped]
 
 
 def _prompt_tokens(tokenizer, sample: dict) -> int:

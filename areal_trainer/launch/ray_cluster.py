@@ -13,6 +13,7 @@ import os
 import subprocess
 
 from ..errors import UserError
+from ..tracking.rundir import LOCK_HELD_ENV
 
 
 def _import_ray():
@@ -92,8 +93,11 @@ def run_ray(cmd: list[str], cfg, *, nprocs: int, run_dir: str) -> None:
         master, port = ray.get(ray.remote(_address_and_port).options(**on(0)).remote())
         task = ray.remote(_run_rank)
         log_dir = os.path.join(run_dir, "logs")
+        # Ray's workers do not inherit this process's environment: the ranks are told that this launcher
+        # holds the run directory's lock for them (tracking/rundir.py).
         refs = {task.options(**on(r)).remote(cmd, {"RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": "0",
-                                                   "MASTER_ADDR": master, "MASTER_PORT": str(port)},
+                                                   "MASTER_ADDR": master, "MASTER_PORT": str(port),
+                                                   LOCK_HELD_ENV: os.path.abspath(run_dir)},
                                              os.path.join(log_dir, f"rank{r}.log")): r for r in range(world)}
         print(f"scheduler.type=ray: {world} processes on the Ray cluster at {address!r}; logs under {log_dir}",
               flush=True)

@@ -63,14 +63,19 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     return tok
 
 
-def build_model(path: str, tokenizer: PreTrainedTokenizerFast, seed: int) -> LlamaForCausalLM:
-    """A randomly initialised Llama of the named built-in size (weights depend only on ``seed``)."""
+def build_config(path: str, tokenizer: PreTrainedTokenizerFast) -> LlamaConfig:
+    """The config of the named built-in size (no weights)."""
     dims = SIZES[builtin_size(path)]
-    cfg = LlamaConfig(
+    return LlamaConfig(
         vocab_size=len(tokenizer), max_position_embeddings=512, tie_word_embeddings=True,
         num_key_value_heads=dims["num_attention_heads"], pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, **dims,
     )
+
+
+def build_model(path: str, tokenizer: PreTrainedTokenizerFast, seed: int) -> LlamaForCausalLM:
+    """A randomly initialised Llama of the named built-in size (weights depend only on ``seed``)."""
+    cfg = build_config(path, tokenizer)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return LlamaForCausalLM(cfg)

@@ -91,6 +91,28 @@ def load_causal_lm(path: str, *, tokenizer, dtype: str, device: torch.device, se
     return model.to(device=device, dtype=param_dtype(dtype))
 
 
+def load_positions(path: str, *, tokenizer, key: str = "actor.path"):
+    """The positions of the causal LM of ``path`` (``model/limits.py``: ``Positions`` or None), read from its
+    config alone, before any weights load."""
+    from .limits import model_positions
+
+    where = f"{key}={path!r}"
+    if builtin.is_builtin(path):
+        try:
+            return model_positions(builtin.build_config(path, tokenizer), tokenizer, where)
+        except ValueError as e:
+            raise UserError(f"{key}: {e}") from None
+    if smollm2.is_smollm2(path):
+        path = smollm2.ensure_checkpoint(key)
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise _missing(path, key, e) from None
+    return model_positions(config, tokenizer, where)
+
+
 def load_skeleton(path: str, *, tokenizer, key: str):
     """The causal LM of ``path`` on the meta device: its modules without weights, for checks of its
     structure (such as LoRA target module names) before anything large loads."""

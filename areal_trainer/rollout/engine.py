@@ -36,6 +36,7 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 from transformers.cache_utils import DynamicCache
 
+from .limits import new_token_caps, positions_of
 from .types import Generation
 from .weights import GenerationAborted, WeightGate, copy_weights, rollout_copy, snapshot
 
@@ -105,6 +106,8 @@ class HFEngine:
         self._switch: _Switch | None = None
         self.interruptions = 0
         """How many times a running generation was stopped and continued under new weights."""
+        self.max_positions = positions_of(model, tokenizer)
+        """The model's positions: with ``gconfig.max_tokens``, the limit of prompt + answer (``limits.py``)."""
 
     @property
     def version(self) -> int:
@@ -149,19 +152,43 @@ class HFEngine:
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], gconfig: Any) -> list[Generation]:
-        """Sample one answer per prompt (repeat a prompt to sample it several times)."""
-        out: list[Generation] = []
-        step = self.batch_size or len(prompts) or 1
+        """Sample one answer per prompt (repeat a prompt to sample it several times), each of at most
+        ``min(gconfig.max_new_tokens, limit - its prompt tokens)`` tokens (``limits.new_token_caps``)."""
+        caps = new_token_caps([len(p) for p in prompts], gconfig, self.max_positions)
+        out: dict[int, Generation] = {}
         try:
-            for i in range(0, len(prompts), step):
-                out += self._generate_chunk(prompts[i:i + step], gconfig)
+            for rows in self._call_groups(prompts, caps, gconfig):
+                step = self.batch_size or len(rows) or 1
+                for i in range(0, len(rows), step):
+                    chunk = rows[i:i + step]
+                    gens = self._generate_chunk([prompts[r] for r in chunk], [caps[r] for r in chunk], gconfig)
+                    out.update(zip(chunk, gens))
         finally:
             self._switch = None
-        return out
+        return [out[i] for i in range(len(prompts))]
 
-    def _generate_chunk(self, prompts: list[list[int]], g: Any) -> list[Generation]:
-        """Segments of ``generate`` until every answer is finished; between two segments a weight
-        update (pending or scheduled) is loaded. Unfinished rows have the same number of tokens."""
+    def _call_groups(self, prompts: list[list[int]], caps: list[int], g: Any) -> list[list[int]]:
+        """The rows generated together, in order. ``generate`` has one ``max_new_tokens`` per call, so
+        rows of different caps share a call that runs to the largest cap and each row is cut at its own
+        (``_generate_chunk``); when no cap is below ``max_new_tokens`` the calls are exactly those of an
+        uncapped engine. A cut row still runs to the call's end: one whose prompt + ``max_new_tokens``
+        exceeds the model's positions would reach positions that a learned position table lacks, so such
+        rows are generated apart, each with the rows of the same cap (the samples of its prompt)."""
+        if self.max_positions is None:
+            return [list(range(len(prompts)))]
+        apart: dict[int, list[int]] = {}
+        shared = []
+        for i, p in enumerate(prompts):
+            if len(p) + g.max_new_tokens > self.max_positions:
+                apart.setdefault(caps[i], []).append(i)
+            else:
+                shared.append(i)
+        return [rows for rows in (shared, *apart.values()) if rows]
+
+    def _generate_chunk(self, prompts: list[list[int]], caps: list[int], g: Any) -> list[Generation]:
+        """Segments of ``generate`` until every answer is finished (a stop token, or ``caps[i]`` tokens);
+        between two segments a weight update (pending or scheduled) is loaded. Unfinished rows have the
+        same number of tokens."""
         stop = set(self.stop_ids(g))
         ids: list[list[int]] = [[] for _ in prompts]
         logps: list[list[float]] = [[] for _ in prompts]
@@ -173,9 +200,11 @@ class HFEngine:
             switch = self._switch if self._switch is not None and self._switch.after_tokens > n_done else None
             limit = switch.after_tokens - n_done if switch is not None else None
             with self.gate.generating() as version:
-                new, new_logps = self._sample([list(prompts[i]) + ids[i] for i in todo], g, n_done, limit)
+                new, new_logps = self._sample([list(prompts[i]) + ids[i] for i in todo], g, n_done, limit,
+                                              max(caps[i] for i in todo))
             for r, i in enumerate(todo):
-                toks, lps = new[r], new_logps[r]
+                room = caps[i] - n_done  # a row of a smaller cap than the call's is cut at its own
+                toks, lps = new[r][:room], new_logps[r][:room]
                 for k, t in enumerate(toks):
                     if t in stop:
                         toks, lps, done[i] = toks[: k + 1], lps[: k + 1], True
@@ -183,7 +212,7 @@ class HFEngine:
                 ids[i] += toks
                 logps[i] += lps
                 versions[i] += [version] * len(toks)
-                done[i] = done[i] or len(ids[i]) >= g.max_new_tokens
+                done[i] = done[i] or len(ids[i]) >= caps[i]
             todo = [i for i in todo if not done[i]]
             if todo and switch is not None and len(ids[todo[0]]) >= switch.after_tokens:
                 self._switch = None
@@ -193,10 +222,10 @@ class HFEngine:
         return [Generation(ids[i], logps[i], truncated=not (ids[i] and ids[i][-1] in stop), versions=versions[i])
                 for i in range(len(prompts))]
 
-    def _sample(self, prompts: list[list[int]], g: Any, n_done: int,
-                limit: int | None) -> tuple[list[list[int]], list[list[float]]]:
-        """One ``generate`` call continuing answers that have ``n_done`` tokens; it stops early (for
-        every row) when a weight update is pending or after ``limit`` new tokens."""
+    def _sample(self, prompts: list[list[int]], g: Any, n_done: int, limit: int | None,
+                most: int) -> tuple[list[list[int]], list[list[float]]]:
+        """One ``generate`` call continuing answers that have ``n_done`` tokens, up to ``most`` tokens in
+        all; it stops early (for every row) when a weight update is pending or after ``limit`` new tokens."""
         pad = self.tokenizer.pad_token_id
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), pad, dtype=torch.long)
@@ -206,8 +235,8 @@ class HFEngine:
             mask[r, width - len(p):] = 1
         recorder = _RecordLogprobs(1.0 if g.greedy else g.temperature)
         vocab = self.model.get_output_embeddings().weight.shape[0]
-        kwargs = dict(do_sample=not g.greedy, max_new_tokens=g.max_new_tokens - n_done,
-                      min_new_tokens=max(0, g.min_new_tokens - n_done), eos_token_id=self.stop_ids(g),
+        kwargs = dict(do_sample=not g.greedy, max_new_tokens=most - n_done,
+                      min_new_tokens=max(0, min(g.min_new_tokens, most) - n_done), eos_token_id=self.stop_ids(g),
                       pad_token_id=pad, logits_processor=LogitsProcessorList([recorder]))
         if self.stoppable or limit is not None:
             kwargs["stopping_criteria"] = StoppingCriteriaList([_StopEarly(self, width, limit)])

@@ -9,7 +9,9 @@ Episodes. Each of the ``gconfig.n_samples`` samples of a prompt is an independen
 ``k`` of every still-active episode of the whole batch is sampled in one batched
 ``engine.generate`` call. An episode ends when an answer earns a positive reward, after
 ``max_turns`` answers, or when the next turn's prompt plus ``gconfig.max_new_tokens`` would exceed
-``gconfig.max_tokens``.
+the row limit (``limits.py``: ``gconfig.max_tokens`` or the model's positions, the smaller). The first
+answer has at most ``min(gconfig.max_new_tokens, limit - prompt tokens)`` tokens; later turns start
+only with room for a whole answer, so no row exceeds the limit.
 
 Reward. The reward of the last answer ``r``, discounted once per extra turn when it is positive:
 ``r * turn_discount ** (num_turns - 1)``, so a right first answer is worth most. A non-positive
@@ -49,9 +51,10 @@ import torch
 
 from ..errors import UserError
 from ..metrics import reduce
+from ..model.chat import prompt_ids
 from .batch import make_row, stack_rows
+from .limits import capped, engine_positions, new_token_caps, row_tokens
 from .types import Segment, TrajectoryGroup, answer_segment
-from .workflow import prompt_ids
 
 DEFAULT_FEEDBACK = "Your answer is incorrect. Please try again."
 _SENTINEL = "\x00assistant-answer\x00"
@@ -148,7 +151,8 @@ class MultiTurnWorkflow:
             active = [e for e in episodes if e.active]
             if not active:
                 break
-            gens = self.engine.generate([e.context for e in active], gconfig)
+            caps = new_token_caps([len(e.context) for e in active], gconfig, engine_positions(self.engine))
+            gens = capped(self.engine.generate([e.context for e in active], gconfig), caps)
             texts = [self.tokenizer.decode(x.output_ids, skip_special_tokens=True) for x in gens]
             scores = self.reward.score_completions([samples[e.sample] for e in active], texts)
             for j, (e, x, r) in enumerate(zip(active, gens, scores.rewards)):
@@ -167,7 +171,7 @@ class MultiTurnWorkflow:
         if reward > 0 or turn + 1 >= self.max_turns:
             return
         env = self.joined_feedback(feedback, gen.output_ids, gen.truncated)
-        if len(e.context) + len(env) + gconfig.max_new_tokens > gconfig.max_tokens:
+        if len(e.context) + len(env) + gconfig.max_new_tokens > row_tokens(gconfig, engine_positions(self.engine)):
             return
         e.segments.append(Segment(env))
         e.context += env

@@ -134,6 +134,11 @@ class TrajectoryGroup:
         missing = [k for k in (*ROW_KEYS, *ROW_VALUE_KEYS) if k not in t]
         if missing:
             return [f"{label}: a trajectory group lacks {', '.join(missing)}."]
+        wrong = [k for k in (*ROW_KEYS, *ROW_VALUE_KEYS, "token_rewards", "num_turns")
+                 if k in t and not isinstance(t[k], torch.Tensor)]
+        if wrong:
+            return [f"{label}: {', '.join(wrong)} must be torch tensors; got "
+                    f"{', '.join(type(t[k]).__name__ for k in wrong)}."]
         shape = tuple(t["input_ids"].shape)
         if len(shape) != 2:
             return [f"{label}: input_ids must be [G, L]; got {shape}."]

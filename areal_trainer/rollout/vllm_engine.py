@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 from ..errors import UserError
+from .limits import new_token_caps, positions_of
 from .types import Generation
 from .weights import WeightGate
 
@@ -140,6 +141,8 @@ class VLLMEngine:
         self._request_ids = itertools.count()
         self.cached_prompt_tokens = 0
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        self.max_positions = positions_of(model, tokenizer, llm_kwargs.get("max_model_len"))
+        """With ``gconfig.max_tokens``, the limit of prompt + answer (``limits.py``); vLLM's ``max_model_len`` if lower."""
         on_cpu = self.device.type == "cpu"
         if on_cpu and not {"kv_cache_memory_bytes", "gpu_memory_utilization"} & set(llm_kwargs):
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KVCACHE_GIB)
@@ -209,10 +212,11 @@ class VLLMEngine:
         ids = [self.tokenizer.eos_token_id, *gconfig.stop_token_ids]
         return sorted({i for i in ids if i is not None})
 
-    def sampling_params(self, g: Any, n_done: int = 0):
+    def sampling_params(self, g: Any, n_done: int = 0, cap: int | None = None):
         """vLLM ``SamplingParams`` for ``g`` (stops exactly on :meth:`stop_ids`), for answers that already
-        have ``n_done`` tokens."""
-        kw: dict[str, Any] = dict(n=1, max_tokens=g.max_new_tokens - n_done, min_tokens=max(0, g.min_new_tokens - n_done),
+        have ``n_done`` tokens and may have ``cap`` in all (default ``g.max_new_tokens``)."""
+        most = g.max_new_tokens if cap is None else cap
+        kw: dict[str, Any] = dict(n=1, max_tokens=most - n_done, min_tokens=max(0, min(g.min_new_tokens, most) - n_done),
                                   logprobs=0, stop_token_ids=self.stop_ids(g), ignore_eos=True, detokenize=False)
         if g.greedy:
             kw.update(temperature=0.0)
@@ -220,15 +224,23 @@ class VLLMEngine:
             kw.update(temperature=g.temperature, top_p=g.top_p, top_k=g.top_k if 0 < g.top_k < self.vocab_size else 0)
         return self._sampling_params(**kw)
 
+    def request_params(self, g: Any, caps: list[int]):
+        """The ``SamplingParams`` of one ``generate`` call: one for all rows when no row is capped below
+        ``g.max_new_tokens`` (as before caps), else one per row (vLLM takes a list: the rows stay in one call)."""
+        uncapped = all(c == g.max_new_tokens for c in caps)
+        return self.sampling_params(g) if uncapped else [self.sampling_params(g, 0, c) for c in caps]
+
     def generate(self, prompts: list[list[int]], gconfig: Any) -> list[Generation]:
-        """Sample one answer per prompt, in prompt order (repeat a prompt to sample it several times)."""
+        """Sample one answer per prompt, in prompt order (repeat a prompt to sample it several times), each
+        of at most ``min(gconfig.max_new_tokens, limit - its prompt tokens)`` tokens (``limits.py``)."""
         if not prompts:
             return []
+        caps = new_token_caps([len(p) for p in prompts], gconfig, self.max_positions)
         if self.gate.interruptible:
-            return self._generate_in_steps(prompts, gconfig)
+            return self._generate_in_steps(prompts, gconfig, caps)
         with self.gate.generating() as version:
-            outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], self.sampling_params(gconfig),
-                                     use_tqdm=False)
+            outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts],
+                                     self.request_params(gconfig, caps), use_tqdm=False)
         # Prompt tokens whose KV came from the prefix cache instead of being computed again.
         self.cached_prompt_tokens = sum(out.num_cached_tokens or 0 for out in outs)
         gens = []
@@ -239,7 +251,7 @@ class VLLMEngine:
             gens.append(Generation(ids, logps, truncated=c.finish_reason == "length", versions=[version] * len(ids)))
         return gens
 
-    def _generate_in_steps(self, prompts: list[list[int]], g: Any) -> list[Generation]:
+    def _generate_in_steps(self, prompts: list[list[int]], g: Any, caps: list[int]) -> list[Generation]:
         """Drive the engine step by step; a pending update aborts the requests in flight, and their
         answers are resubmitted (prompt plus tokens so far) once the new weights are in."""
         ids: list[list[int]] = [[] for _ in prompts]
@@ -253,7 +265,7 @@ class VLLMEngine:
                 live: dict[str, int] = {}  # request id -> answer
                 internal: list[str] = []  # the engine's own ids of the same requests (for aborting)
                 for i in sorted(todo):
-                    params = self.sampling_params(g, len(ids[i]))
+                    params = self.sampling_params(g, len(ids[i]), caps[i])
                     params.output_kind = self._delta
                     rid = f"areal-{next(self._request_ids)}"
                     internal.append(engine.add_request(rid, {"prompt_token_ids": list(prompts[i]) + ids[i]}, params))

@@ -5,6 +5,10 @@ A workflow (the :class:`~areal_trainer.rollout.types.Workflow` protocol) is buil
 ``cls(engine=..., tokenizer=..., reward=..., **rollout.workflow_kwargs)`` and its
 ``rollout(samples, gconfig)`` returns one :class:`~areal_trainer.rollout.types.TrajectoryGroup`
 per sample. Rows are built from the engine's per-token policy versions (``Generation.versions``).
+
+Length. A row's prompt plus answer stay within the row limit (``limits.py``: ``gconfig.max_tokens`` or
+the model's positions, the smaller): each answer has at most ``min(gconfig.max_new_tokens, limit -
+prompt tokens)`` tokens. The engines sample no more; the workflow cuts an answer that is longer.
 """
 
 from __future__ import annotations
@@ -13,14 +17,10 @@ from typing import Any
 
 import torch
 
+from ..model.chat import prompt_ids
 from .batch import make_row, stack_rows
+from .limits import capped, engine_positions, new_token_caps
 from .types import Segment, TrajectoryGroup, answer_segment
-
-
-def prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
-    """Token ids of a chat prompt, ending with the assistant turn's opening."""
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return tokenizer(text, add_special_tokens=False).input_ids
 
 
 class RLVRWorkflow:
@@ -32,7 +32,9 @@ class RLVRWorkflow:
     def rollout(self, samples: list[dict], gconfig: Any) -> list[TrajectoryGroup]:
         g = gconfig.n_samples
         prompts = [prompt_ids(self.tokenizer, s["messages"]) for s in samples]
-        gens = self.engine.generate([p for p in prompts for _ in range(g)], gconfig)
+        rows = [p for p in prompts for _ in range(g)]
+        caps = new_token_caps([len(p) for p in rows], gconfig, engine_positions(self.engine))
+        gens = capped(self.engine.generate(rows, gconfig), caps)
         texts = [self.tokenizer.decode(x.output_ids, skip_special_tokens=True) for x in gens]
         scores = self.reward.score_completions([s for s in samples for _ in range(g)], texts)
         groups = []

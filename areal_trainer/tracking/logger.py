@@ -10,6 +10,7 @@ import json
 import os
 import time
 
+from .. import faults
 from .samples import TABLE_COLUMNS, append_samples, table_rows
 
 
@@ -18,6 +19,9 @@ class StatsLogger:
         self.path = os.path.join(run_dir, "metrics.jsonl")
         self.samples_path = os.path.join(run_dir, "samples.jsonl")
         os.makedirs(run_dir, exist_ok=True)
+        for name in os.listdir(run_dir):  # a rewrite of an earlier resume, killed before it replaced its file
+            if name.startswith(("metrics.jsonl.tmp-", "samples.jsonl.tmp-")):
+                os.remove(os.path.join(run_dir, name))
         if resume_step is None:
             open(self.path, "w").close()
             if os.path.exists(self.samples_path):  # an earlier run's; this run may write none
@@ -74,11 +78,13 @@ class StatsLogger:
 
 
 def _truncate_after(path: str, step: int) -> None:
-    """On resume, drop records of steps after the checkpoint (they will be redone)."""
+    """On resume, drop records of steps after the checkpoint (they will be redone). The kept records go
+    to a temporary file that then replaces the original in one step (``os.replace``): a kill at any
+    moment leaves either the old history or the new one, never a partial file."""
     if not os.path.exists(path):
         return
     keep = []
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
             try:
                 record = json.loads(line)
@@ -86,13 +92,25 @@ def _truncate_after(path: str, step: int) -> None:
                 continue
             if record.get("step", 0) <= step:
                 keep.append(line if line.endswith("\n") else line + "\n")
-    with open(path, "w", encoding="utf-8") as f:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
         f.writelines(keep)
+        f.flush()
+        os.fsync(f.fileno())
+    faults.point("history.before_replace")
+    os.replace(tmp, path)
 
 
 def read_metrics(path: str) -> list[dict]:
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """The records of ``metrics.jsonl``; a last line cut short by a kill is left out."""
+    out = []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return out
 
 
 class NullLogger:

@@ -49,6 +49,8 @@ def _only_hydra_files(run_dir: str, log: str) -> bool:
         if entry.name == ".hydra" and entry.is_dir(follow_symlinks=False):
             if any(e.name not in HYDRA_FILES or not e.is_file(follow_symlinks=False) for e in os.scandir(entry.path)):
                 return False
+        elif entry.name == LOCK_FILE:
+            continue
         elif not (entry.name == log and entry.is_file(follow_symlinks=False)
                   and entry.stat().st_size - bytes_written(entry.path) <= TINY_LOG_BYTES):
             return False
@@ -72,3 +74,62 @@ def remove_if_unused(run_dir: str) -> bool:
             break
         parent = os.path.dirname(parent)
     return not os.path.exists(run_dir)
+
+
+LOCK_FILE = ".lock"
+LOCK_HELD_ENV = "AREAL_TRAINER_RUN_LOCK"
+"""Set by a process that holds a run directory's lock for the processes it starts (the ranks of
+``scheduler.type``), which then share it instead of taking it again."""
+
+
+class RunDirInUse(RuntimeError):
+    """Another live run holds the run directory."""
+
+
+class RunLock:
+    """One run per directory: an exclusive ``fcntl`` lock on ``<run dir>/.lock``, holding the owner's PID.
+
+    The operating system releases the lock when its process ends, however it ends (a crash or a
+    SIGKILL included), so a stale lock file never blocks a later run. Processes of one job share the
+    lock: ranks other than 0, and processes started by the holder (``LOCK_HELD_ENV``), do not take it."""
+
+    def __init__(self, run_dir: str):
+        self.run_dir = os.path.abspath(run_dir)
+        self.path = os.path.join(self.run_dir, LOCK_FILE)
+        self.fd: int | None = None
+
+    def shared(self) -> bool:
+        """Whether this process belongs to a job whose lock another process holds."""
+        return os.environ.get(LOCK_HELD_ENV) == self.run_dir or os.environ.get("RANK", "0") != "0"
+
+    def acquire(self) -> RunLock:
+        """Take the lock, or raise :class:`RunDirInUse` naming the PID that holds it (writing nothing)."""
+        import fcntl
+
+        if self.shared():
+            return self
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise RunDirInUse(f"{self.run_dir} is in use by another run (PID {holder}), which holds "
+                              f"{self.path}. Wait for it to end, or start this run with another trial_name.") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self.fd = fd
+        os.environ[LOCK_HELD_ENV] = self.run_dir  # inherited by the processes this run starts
+        return self
+
+    @property
+    def owned(self) -> bool:
+        """Whether this process took the lock (it starts the run), rather than sharing its job's."""
+        return self.fd is not None
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # releases the flock; the file stays (removing it would race with a waiting run)
+            self.fd = None
+            if os.environ.get(LOCK_HELD_ENV) == self.run_dir:
+                del os.environ[LOCK_HELD_ENV]

@@ -10,10 +10,10 @@ list is returned) rather than failing the run.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ..errors import UserError
+from ..errors import PluginOutputError, UserError
 from ..metrics import Mean, Metric, Sum, reduce
 from ..rollout.types import TrajectoryGroup, as_group
 
@@ -37,12 +37,17 @@ def rollout_groups(workflow, samples: list[dict], ids: Sequence[int], gconfig) -
     label = f"rollout.workflow {type(workflow).__module__}.{type(workflow).__qualname__}"
     if not isinstance(out, (list, tuple)) or len(out) != len(samples):
         got = f"{len(out)} groups" if isinstance(out, (list, tuple)) else type(out).__name__
-        raise UserError(f"{label}: rollout() returned {got} for {len(samples)} prompts; it must return one "
-                        "trajectory group per prompt, in order.")
+        raise PluginOutputError(f"{label}: rollout() returned {got} for {len(samples)} prompts; it must return one "
+                                "trajectory group per prompt, in order.")
+    wrong = sorted({type(g).__name__ for g in out if not isinstance(g, (TrajectoryGroup, Mapping))})
+    if wrong:
+        raise PluginOutputError(f"{label}: rollout() returned a list of {', '.join(wrong)}; each item must be a "
+                                "TrajectoryGroup (or a dict of its tensors) holding one prompt's trajectories, in "
+                                "prompt order (see areal_trainer.rollout.types.TrajectoryGroup).")
     groups = [as_group(g) for g in out]
     problems = [p for g in groups for p in g.problems(label)]
     if problems:
-        raise UserError("; ".join(dict.fromkeys(problems)))
+        raise PluginOutputError("; ".join(dict.fromkeys(problems)))
     for g, i in zip(groups, ids):
         g.prompt_id = int(i)
     return groups

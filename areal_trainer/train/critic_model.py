@@ -12,6 +12,7 @@ from ..config.actor import PPOCriticConfig
 from ..loss import explained_variance, loss_normalizer, value_loss
 from ..metrics import Mean
 from ..model.prefix import GroupPrefix, resolve_tree_training
+from . import optim
 from .batch import CriticBatch
 from .optim import build_optimizer, build_scheduler
 from .update import UpdateResult, micro_batches, optimizer_steps
@@ -78,4 +79,4 @@ class CriticModel:
 
     def load_state_dict(self, state: dict) -> None:
         fsdp.load_optimizer_state(self.model, self.optimizer, state["critic_optimizer"])
-        self.scheduler.load_state_dict(state["critic_scheduler"])
+        optim.restore(self.optimizer, self.scheduler, self.cfg.optimizer, state["critic_scheduler"])  # this run's settings

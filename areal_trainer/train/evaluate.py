@@ -13,13 +13,15 @@ import torch
 from ..config.schema import GenerationHyperparameters
 from ..metrics import Mean, Metric, reduce
 from ..reward import is_correct
+from .collect import rollout_groups
 
 
 def evaluate(workflow, samples: list[dict], gconfig: GenerationHyperparameters, batch_size: int,
              examples: list | None = None) -> dict[str, Metric]:
     correct, rewards, stats = [], [], []
     for i in range(0, len(samples), batch_size):
-        for group in workflow.rollout(samples[i:i + batch_size], gconfig):
+        batch = samples[i:i + batch_size]
+        for group in rollout_groups(workflow, batch, range(i, i + len(batch)), gconfig):  # checked like training
             if examples is not None and not examples:
                 examples.append(group)
             r = group["rewards"].float()

@@ -12,7 +12,7 @@ import time
 
 from tqdm.auto import tqdm
 
-from .. import fsdp
+from .. import faults, fsdp
 from ..errors import UserError
 from ..metrics import Mean, floats
 from ..tracking import runlog
@@ -30,6 +30,12 @@ def train(t: Trainer) -> dict[str, float]:
     if t.resume_from:
         t.prepare_models()
         t.restore()
+        faults.point("resume.after_restore")
+        if t.step >= t.total_steps:  # e.g. total_train_epochs lowered: nothing left to do, nothing to rewrite
+            if main:
+                print(f"The run is already complete: {t.resume_from} is at step {t.step} of {t.total_steps}. "
+                      "Nothing to do; raise total_train_steps or total_train_epochs to train further.", flush=True)
+            return {}
         t.push_weights()
         if main:  # say where the run continues from before its first step
             print(f"resuming from {t.resume_from} (step {t.step} of {t.total_steps})", flush=True)
@@ -50,9 +56,13 @@ def train(t: Trainer) -> dict[str, float]:
             result, metrics = t.step_once(ctx)
             prompts = sorted(i for ids in dist.gather_objects(result.prompt_ids) for i in ids)
             if t.consecutive_skips >= cfg.actor.max_consecutive_nonfinite_steps:
+                found = ckpt.latest_checkpoint(t.run_dir)
+                resume = (f"The newest checkpoint, {found}, was written before these steps; resume from it with a "
+                          "lower learning rate: recover.mode=auto actor.optimizer.lr=<lower> (a resume may change the "
+                          "learning rate)") if found else "No checkpoint was written yet; start again with a lower " \
+                    "actor.optimizer.lr"
                 raise UserError(f"{t.consecutive_skips} consecutive optimizer steps had a non-finite loss or gradient "
-                                f"norm; stopping at step {t.step}. Last checkpoint: {ckpt.latest_checkpoint(t.run_dir)}. "
-                                "Lower actor.optimizer.lr, check the reward scale, or raise "
+                                f"norm; stopping at step {t.step}. {resume}, check the reward scale, or raise "
                                 "actor.max_consecutive_nonfinite_steps.")
             if _due(t, cfg.evaluator, last_eval) or t.step == t.total_steps:
                 metrics.update(evaluate_policy(t))
@@ -62,7 +72,10 @@ def train(t: Trainer) -> dict[str, float]:
                 b, adv = result.batch, result.advantages
                 log.log_samples(t.step, step_samples(t.tokenizer, b.rollout_data(), adv.advantages, adv.loss_mask,
                                                      b.group_sizes, cfg.stats_logger.samples_per_step, b.prompt_ids))
-            if _due(t, cfg.saver, last_save) or _due(t, cfg.recover, last_save):
+            # No checkpoint while updates are being skipped as non-finite (but at the end): the newest one
+            # then stays the last good state to resume from.
+            if (_due(t, cfg.saver, last_save) or _due(t, cfg.recover, last_save)) and (
+                    not t.consecutive_skips or t.step == t.total_steps):
                 t.save()
                 last_save = time.time()
             last = metrics

@@ -39,3 +39,22 @@ def lr_factor(step: int, total: int, cfg: OptimizerConfig) -> float:
 
 def build_scheduler(opt: torch.optim.Optimizer, cfg: OptimizerConfig, total_steps: int):
     return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, total_steps, cfg))
+
+
+def restore(opt: torch.optim.Optimizer, scheduler, cfg: OptimizerConfig, scheduler_state: dict) -> None:
+    """Continue a restored optimizer and schedule with *this* run's settings.
+
+    The saved schedule gives the position (the step count); the learning rate, the schedule's shape
+    and the optimizer's hyperparameters come from ``cfg``, so that a resume with a new
+    ``actor.optimizer.lr`` (or schedule, or run length) uses it from the resumed step on. With the
+    same settings the learning rate is the very float the run would have used."""
+    scheduler.load_state_dict(scheduler_state)
+    scheduler.base_lrs = [cfg.lr for _ in opt.param_groups]
+    for group in opt.param_groups:
+        group["initial_lr"], group["weight_decay"] = cfg.lr, cfg.weight_decay
+        if "betas" in group:
+            group["betas"], group["eps"] = (cfg.beta1, cfg.beta2), cfg.eps
+    lrs = [base * fn(scheduler.last_epoch) for base, fn in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
+    for group, lr in zip(opt.param_groups, lrs):
+        group["lr"] = lr
+    scheduler._last_lr = lrs

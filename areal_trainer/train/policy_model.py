@@ -25,6 +25,7 @@ from ..loss import PolicyLossInputs, loss_normalizer
 from ..model import lora
 from ..model.load import autocast_dtype, load_causal_lm
 from ..model.prefix import GroupPrefix, resolve_tree_training
+from . import optim
 from .batch import UpdateBatch
 from .logprobs import forward_logprobs
 from .optim import build_optimizer, build_scheduler
@@ -167,7 +168,7 @@ class PolicyModel:
 
     def load_state_dict(self, state: dict) -> None:
         fsdp.load_optimizer_state(self.model, self.optimizer, state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+        optim.restore(self.optimizer, self.scheduler, self.cfg.optimizer, state["scheduler"])  # this run's settings
 
 
 class ReferenceModel:

@@ -30,12 +30,14 @@ from ..data.loader import PromptLoader
 from ..dist import init_distributed
 from ..errors import UserError
 from ..metrics import Mean, Sum, floats
-from ..model.load import load_tokenizer, resolve_device
+from ..model.limits import RowLimit
+from ..model.load import load_positions, load_tokenizer, resolve_device
 from ..model.prefix import resolve_tree_training
 from . import checkpoint as ckpt
 from .critic_model import CriticModel
 from .models import build_critic, build_ref, check_critic_lora, ref_is_base
 from .policy_model import PolicyModel, ReferenceModel
+from .resume import ResumePlan, plan_resume, settings_of
 from .sft import warm_start
 from .sources import build_rollout, rollout_mode
 from .step import StepContext, StepResult, train_step
@@ -51,7 +53,7 @@ class Trainer:
     """The run's components, built once: data, tokenizer, policy, rollout; after the warm start (or on
     resume) the reference policy, the critic and the optimizers (:meth:`prepare_models`)."""
 
-    def __init__(self, components: Components, run_dir: str):
+    def __init__(self, components: Components, run_dir: str, resume_from: str | None = None):
         cfg = self.cfg = components.config
         self.components, self.run_dir = components, run_dir
         seed_everything(cfg.seed)
@@ -60,13 +62,16 @@ class Trainer:
         if cfg.train_dataset.batch_size % self.dist.world_size:
             raise UserError(f"train_dataset.batch_size={cfg.train_dataset.batch_size} (prompts per step, global) must be "
                             f"divisible by the {self.dist.world_size} processes.")
-        self.resume_from = self._resume_checkpoint()
+        self.resume_from = resume_from
         self.tokenizer = load_tokenizer(cfg.tokenizer_path or cfg.actor.path,
                                         key="tokenizer_path" if cfg.tokenizer_path else "actor.path")
-        self.train_samples = build_samples(cfg.train_dataset, self.tokenizer, "train_dataset")
+        positions = load_positions(cfg.actor.path, tokenizer=self.tokenizer)  # from the config: no weights yet
+        self.train_samples = build_samples(cfg.train_dataset, self.tokenizer, "train_dataset",
+                                           RowLimit.of(cfg.gconfig, "gconfig", positions))
         check_fits_batch(self.train_samples, cfg.train_dataset, "train_dataset", self.dist.world_size)
         valid = components.valid_dataset
-        self.valid_samples = build_samples(valid, self.tokenizer, "valid_dataset") if valid is not None else None
+        self.valid_samples = None if valid is None else build_samples(
+            valid, self.tokenizer, "valid_dataset", RowLimit.of(cfg.eval_gconfig, "eval_gconfig", positions))
         self.policy = PolicyModel.load(cfg.actor, tokenizer=self.tokenizer, device=self.device, dist=self.dist,
                                        seed=cfg.seed, resume_from=self.resume_from)
         self._check_critic()
@@ -106,15 +111,6 @@ class Trainer:
             resolve_tree_training(self.policy.model.base_model, True, "critic.enable_tree_training")
         if not self.resume_from:
             check_critic_lora(cfg, self.policy.model, self.tokenizer)
-
-    def _resume_checkpoint(self) -> str | None:
-        found = ckpt.latest_checkpoint(self.run_dir)
-        if self.cfg.recover.mode in ("auto", "on"):
-            return found
-        if found:
-            raise UserError(f"{self.run_dir} already holds checkpoints of an earlier run ({found}). Resume it with "
-                            "recover.mode=auto, or start a new run with another trial_name.")
-        return None
 
     # -- models -----------------------------------------------------------------------------------------
     def warm_start(self) -> dict[str, float]:
@@ -215,7 +211,8 @@ class Trainer:
         if not self.dist.is_main:
             return ""
         return ckpt.save_checkpoint(self.run_dir, self.step, models=models, tokenizer=self.tokenizer,
-                                    state={**state, "rng": rng}, keep_last=self.cfg.saver.keep_last, weights=weights)
+                                    state={**state, "rng": rng}, keep_last=self.cfg.saver.keep_last, weights=weights,
+                                    settings=settings_of(self.cfg))
 
 
 class Terminated(SystemExit):
@@ -241,12 +238,14 @@ def _sigterm_stops_cleanly():
         signal.signal(signal.SIGTERM, previous)
 
 
-def run(components: Components, run_dir: str) -> dict[str, float]:
-    """Train according to ``components`` (``components.build``), writing into ``run_dir``; returns a summary."""
+def run(components: Components, run_dir: str, resume: ResumePlan | None = None) -> dict[str, float]:
+    """Train according to ``components`` (``components.build``), writing into ``run_dir``; returns a summary.
+    ``resume``: where to resume from (``resume.plan_resume``; decided here when not given)."""
     from .loop import train
 
+    plan = resume if resume is not None else plan_resume(run_dir, components.config)
     with _sigterm_stops_cleanly():
-        trainer = Trainer(components, run_dir)
+        trainer = Trainer(components, run_dir, resume_from=plan.checkpoint)
         try:
             return train(trainer)
         finally:

@@ -16,13 +16,15 @@ import time
 import torch
 from tqdm.auto import tqdm
 
+from .. import faults
 from ..config.schema import SFTWarmupConfig
 from ..data.datasets import demonstration
 from ..errors import UserError
 from ..model.builtin import is_builtin
+from ..model.chat import prompt_ids
 from ..rollout.batch import make_row, stack_rows
 from ..rollout.types import Segment
-from ..rollout.workflow import prompt_ids
+from . import manifest
 from .logprobs import forward_logprobs
 from .optim import lr_factor
 
@@ -96,22 +98,36 @@ def warmstart_key(parts: dict) -> str:
 
 
 def load_cached(model, key: str) -> dict | None:
-    """Load a cached warm start into ``model``; returns its recorded metrics, or None if absent."""
+    """Load a cached warm start into ``model``; returns its recorded metrics, or None if absent. A damaged
+    entry (its files differ from its manifest, or do not load) is removed with a warning: it is recomputed."""
     path = os.path.join(cache_root(), "warmstart", key)
     if not os.path.isfile(os.path.join(path, "metrics.json")):
         return None
-    model.load_state_dict(torch.load(os.path.join(path, "model.pt"), weights_only=True))
-    with open(os.path.join(path, "metrics.json")) as f:
-        return json.load(f)
+    wrong = manifest.problem(path)
+    if wrong is None:
+        try:
+            state = torch.load(os.path.join(path, "model.pt"), weights_only=True)
+            with open(os.path.join(path, "metrics.json")) as f:
+                metrics = json.load(f)
+            model.load_state_dict(state)
+            return metrics
+        except (OSError, RuntimeError, ValueError, EOFError) as e:  # torch reports a bad file as any of these
+            wrong = f"it does not load ({type(e).__name__}: {' '.join(str(e).split())[:160]})"
+    print(f"warning: the cached warm start {path} is damaged: {wrong}; removing it and computing the warm start "
+          "again.", flush=True)
+    shutil.rmtree(path, ignore_errors=True)
+    return None
 
 
 def store_cached(model, key: str, metrics: dict) -> None:
-    """Write the warm start atomically (metrics.json last, then rename)."""
+    """Write the warm start atomically: the weights and a manifest, metrics.json last, then rename."""
     root = os.path.join(cache_root(), "warmstart")
     os.makedirs(root, exist_ok=True)
     tmp = os.path.join(root, f".tmp-{key}-{os.getpid()}")
     os.makedirs(tmp, exist_ok=True)
     torch.save(model.state_dict(), os.path.join(tmp, "model.pt"))
+    manifest.write(tmp)
+    faults.point("warmstart.before_marker")
     with open(os.path.join(tmp, "metrics.json"), "w") as f:
         json.dump(metrics, f)
     final = os.path.join(root, key)

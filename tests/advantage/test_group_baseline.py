@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from areal_trainer.advantage import GroupBaselineInputs, TrajBatchMeta
+from areal_trainer.errors import PluginOutputError
 from examples.group_baseline.pass_at_k import pass_at_k
 
 from ..plugins import SEEN
@@ -57,6 +58,6 @@ def test_the_baseline_sees_scaled_scores_and_raw_rewards():
 
 def test_a_bad_baseline_output_names_the_stage():
     cfg = actor(advantage={"group_baseline": stage("tests.plugins.wrong_shape_baseline")})
-    with pytest.raises(ValueError, match=r"actor.advantage.group_baseline \(tests.plugins."
+    with pytest.raises(PluginOutputError, match=r"actor.advantage.group_baseline \(tests.plugins."
                                          r"wrong_shape_baseline\).*shape"):
         run(batch([[0, 1]] * 2, [1.0, 0.0]), cfg, meta=TrajBatchMeta(traj_group_sizes=(2,)))

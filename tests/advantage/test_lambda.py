@@ -13,6 +13,7 @@ from areal_trainer.advantage.lambda_fn import (
     relative_position_gae_lambda,
     vapo_length_adaptive_gae,
 )
+from areal_trainer.errors import PluginOutputError
 
 from .. import plugins as plug
 from .helpers import T, actor, batch, close, run
@@ -135,8 +136,19 @@ def test_import_path_lambda():
     (lambda ctx: torch.ones(2, device="meta"), ValueError, "on meta"),
 ])
 def test_lambda_return_checks(ret, exc, message):
-    with pytest.raises(exc, match=message):
+    with pytest.raises(exc, match=message) as info:
         compute_gae_lambda(torch.ones(2, 3, dtype=torch.bool), None, time_unit="token", gae_lambda=ret)
+    assert isinstance(info.value, PluginOutputError)  # the command line shows it as one `Error:` line
+
+
+@pytest.mark.parametrize("name,message", [("nan_lambda", "returned non-finite lambdas"),
+                                          ("per_token_lambda", r"shape \(2,\); got \(7,\)")])
+def test_a_bad_lambda_function_is_named_by_its_import_path(name, message):
+    from areal_trainer.plugins import import_object
+
+    fn = import_object(f"tests.plugins.{name}", "actor.gae_lambda")
+    with pytest.raises(PluginOutputError, match=rf"^actor.gae_lambda \(tests.plugins.{name}\): .*{message}"):
+        compute_gae_lambda(torch.ones(2, 3, dtype=torch.bool), None, time_unit="token", gae_lambda=fn)
 
 
 def test_custom_lambda_sees_estimator_unit():

@@ -5,6 +5,7 @@ import torch
 
 from areal_trainer.advantage import AdvantageInputs
 from areal_trainer.components.advantage import bind_advantage
+from areal_trainer.errors import PluginOutputError
 
 from . import helpers
 from .helpers import actor, batch, close, norm, run
@@ -147,6 +148,7 @@ def test_output_validation_names_plugin_and_field(stage_name, impl, message):
     text = str(e.value)
     assert text.startswith(f"actor.advantage.{stage_name} ({P}.{impl}): "), text
     assert message in text, text
+    assert isinstance(e.value, PluginOutputError)  # the command line shows it as one `Error:` line
 
 
 def test_identity_keeps_integer_rewards():
@@ -165,7 +167,7 @@ def test_explicit_references_required_from_custom_shaping():
     meta = TrajBatchMeta(traj_group_sizes=(2,), rollout_groups=(RolloutGroup((1, 1), (1.0, None)),))
     cfg = actor(reward_norm=norm("group", "group"),
                 advantage={"outcome_reward_shaping": stage(f"{P}.scale_outcome", factor=2.0)})
-    with pytest.raises(ValueError, match="must return OutcomeResult.normalization_rewards"):
+    with pytest.raises(PluginOutputError, match="must return OutcomeResult.normalization_rewards"):
         run(DATA, cfg, meta=meta)
     cfg = actor(reward_norm=norm("group", "group"), max_new_tokens=4,
                 advantage={"outcome_reward_shaping": stage("examples.custom_advantage.my_advantage.length_penalty",

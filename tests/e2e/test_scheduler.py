@@ -62,9 +62,11 @@ def _ranks_of(launcher_pid: int) -> dict[int, int]:
                 env = dict(e.split(b"=", 1) for e in f.read().split(b"\0") if b"=" in e)
             with open(f"/proc/{pid}/stat") as f:
                 ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                helper = b"areal_trainer.reward" in f.read()  # a rank's reward worker inherits its environment
         except OSError:
             continue
-        if b"RANK" in env and b"TORCHELASTIC_RUN_ID" in env and _descends(int(ppid), launcher_pid):
+        if not helper and b"RANK" in env and b"TORCHELASTIC_RUN_ID" in env and _descends(int(ppid), launcher_pid):
             found[int(env[b"RANK"])] = int(pid)
     return found
 
@@ -82,8 +84,9 @@ def _descends(pid: int, ancestor: int) -> bool:
 
 
 def test_a_killed_rank_stops_the_whole_job_naming_it(tmp_path):
-    proc = popen([*TINY[:-1], "total_train_steps=500", "scheduler.type=local", "cluster.n_gpus_per_node=2",
-                  "saver.freq_steps=null", "evaluator.freq_steps=null", "trial_name=kill"], cwd=tmp_path)
+    proc = popen([*TINY[:-1], "total_train_steps=500", "train_dataset.max_rows=2000", "scheduler.type=local",
+                  "cluster.n_gpus_per_node=2", "saver.freq_steps=null", "evaluator.freq_steps=null", "trial_name=kill"],
+                 cwd=tmp_path)
     run = tmp_path / "outputs" / "grpo" / "kill"
     deadline = time.time() + 240
     while not (run / "metrics.jsonl").exists() or len(_steps(run)) < 2:
@@ -195,7 +198,8 @@ def test_the_sbatch_script_asks_for_the_nodes_tasks_and_options(tmp_path, monkey
 
 
 def test_sigterm_to_the_local_launcher_stops_every_rank(tmp_path):
-    proc = popen([*TINY[:-1], "total_train_steps=500", "scheduler.type=local", "cluster.n_gpus_per_node=2",
+    proc = popen([*TINY[:-1], "total_train_steps=500", "train_dataset.max_rows=2000", "scheduler.type=local",
+                  "cluster.n_gpus_per_node=2",
                   "saver.freq_steps=2", "evaluator.freq_steps=null", "trial_name=term"], cwd=tmp_path)
     run = tmp_path / "outputs" / "grpo" / "term"
     deadline = time.time() + 240

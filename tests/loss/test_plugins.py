@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from areal_trainer.components.loss import bind_policy_loss
-from areal_trainer.errors import ConfigError, UserError
+from areal_trainer.errors import ConfigError, PluginOutputError, UserError
 from areal_trainer.loss import PolicyLoss
 from areal_trainer.loss.ratio import LOG_RATIO_BOUND
 
@@ -97,3 +97,43 @@ def test_the_spo_example_hand_derived():
     assert res.loss.item() == pytest.approx(-0.875, rel=1e-6)
     assert inp.logprobs.grad.item() == pytest.approx(2.25, rel=1e-5)
     assert res.stats["actor/spo/beyond_frac"].item() == 1.0
+
+
+# -- a loss without a gradient ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("impl,label,what", [
+    ("tests.plugins.detached_loss", "actor.loss.compute.implementation", "the loss has no gradient "
+                                                                         r"\(requires_grad=False, grad_fn=None\)"),
+    ("tests.plugins.leaf_loss", "actor.loss.compute.implementation", "the loss has no gradient "
+                                                                     r"\(requires_grad=True, grad_fn=None\)"),
+    ("tests.plugins.detached_surrogate", "actor.loss.surrogate", "the token_loss has no gradient"),
+])
+def test_a_loss_without_gradient_stops_naming_the_function(impl, label, what):
+    section = "surrogate" if label.endswith("surrogate") else "compute"
+    fn = bind_policy_loss(actor_config(loss={section: {"implementation": impl}}))
+    inp = inputs(t([[0.5, 0.1]]), t([[1.0, 1.0]]), [[1, 1]], prox=t([[0.0, 0.0]]))
+    assert inp.logprobs.requires_grad
+    with pytest.raises(PluginOutputError, match=rf"^{label} \({impl}\): {what}") as info:
+        fn(inp)
+    # The command line shows a UserError as one line; code that caught the old classes still does.
+    assert isinstance(info.value, UserError) and isinstance(info.value, ValueError)
+
+
+def test_the_gradient_check_applies_only_where_there_is_a_gradient_to_reach():
+    # No gradient on the inputs, or none asked for (torch.no_grad): the same plugins compute their loss.
+    for section, impl in (("compute", "tests.plugins.detached_loss"), ("surrogate", "tests.plugins.detached_surrogate")):
+        fn = bind_policy_loss(actor_config(loss={section: {"implementation": impl}}))
+        inp = inputs(t([[0.5, 0.1]]), t([[1.0, 1.0]]), [[1, 1]], prox=t([[0.0, 0.0]]))
+        with torch.no_grad():
+            assert torch.isfinite(fn(inp).loss)
+        inp = inputs(t([[0.5, 0.1]]), t([[1.0, 1.0]]), [[1, 1]], prox=t([[0.0, 0.0]]), requires_grad=False)
+        assert torch.isfinite(fn(inp).loss)
+
+
+def test_bad_loss_outputs_are_plugin_output_errors():
+    fn = bind_policy_loss(actor_config(loss={"compute": {"implementation": "tests.plugins.vector_loss"}}))
+    with pytest.raises(PluginOutputError):
+        fn(inputs(t([[0.5, 0.1]]), t([[1.0, 1.0]]), [[1, 1]]))
+    fn = bind_policy_loss(surrogate("tests.plugins.nan_loss"))
+    with pytest.raises(PluginOutputError):
+        fn(inputs(t([[0.5, 0.1]]), t([[1.0, 1.0]]), [[1, 1]]))

@@ -5,10 +5,11 @@ import pytest
 import torch
 
 from areal_trainer.data.loader import PromptLoader
-from areal_trainer.errors import UserError
+from areal_trainer.errors import PluginOutputError, UserError
 from areal_trainer.metrics import floats
 from areal_trainer.rollout.filters import has_reward_variance
 from areal_trainer.train.collect import collect_groups
+from areal_trainer.train.evaluate import evaluate
 
 from ..groups import make_group
 
@@ -65,6 +66,37 @@ def test_a_workflow_returning_malformed_groups_is_named():
 
     with pytest.raises(UserError, match=r"returned 1 groups for 4 prompts"):
         collect_groups(_loader(), Short(), None, batch_size=4, accept=None, dynamic_bs=False, max_rounds=1)
+
+
+class TextRollout:
+    """Returns each prompt instead of its trajectory group."""
+
+    def rollout(self, samples, gconfig):
+        return [str(s) for s in samples]
+
+
+class ListRewards:
+    """Groups whose rewards are a Python list, not a tensor."""
+
+    def rollout(self, samples, gconfig):
+        out = []
+        for _ in samples:
+            g = make_group([1.0, 0.0])
+            g.tensors["rewards"] = [1.0, 0.0]
+            out.append(g)
+        return out
+
+
+@pytest.mark.parametrize("workflow,message", [
+    (TextRollout(), r"rollout.workflow tests.train.test_collect.TextRollout: rollout\(\) returned a list of str; "),
+    (ListRewards(), r"rollout.workflow tests.train.test_collect.ListRewards: rewards must be torch tensors; got list"),
+])
+def test_a_workflow_returning_the_wrong_type_is_a_plugin_output_error(workflow, message):
+    # Training and held-out evaluation check the workflow's output the same way.
+    with pytest.raises(PluginOutputError, match=message):
+        collect_groups(_loader(), workflow, None, batch_size=4, accept=None, dynamic_bs=False, max_rounds=1)
+    with pytest.raises(PluginOutputError, match=message):
+        evaluate(workflow, list(range(4)), None, 2)
 
 
 def test_unsatisfiable_filter_fails_clearly():
