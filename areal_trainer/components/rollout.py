@@ -1,5 +1,5 @@
 """Binding ``rollout.*`` once: the engine from the registry (with the rules its capabilities imply), the
-workflow class, and the dynamic filter."""
+workflow class (or the agent, run by the agent workflow), and the dynamic filter."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from typing import Any
 
 from ..errors import one_of
 from ..plugins import PluginError, check_signature, resolve
+from ..rollout.agent import AgentWorkflow, load_agent
 from ..rollout.backends import ENGINES, EngineSpec
+from ..rollout.tool_parsers import get_parser
 
 
 @dataclass(frozen=True)
@@ -30,7 +32,10 @@ def bind_rollout(cfg, problems: list[str]) -> RolloutParts | None:
     r = cfg.rollout
     n = len(problems)
     engine = _engine(cfg, problems)
-    workflow = _workflow(r.workflow, r.workflow_kwargs, problems)
+    if r.agent is not None:
+        workflow, workflow_kwargs = _agent(cfg, problems)
+    else:
+        workflow, workflow_kwargs = _workflow(r.workflow, r.workflow_kwargs, problems), dict(r.workflow_kwargs)
     accept = None
     if r.dynamic_filter is not None:
         try:
@@ -40,7 +45,7 @@ def bind_rollout(cfg, problems: list[str]) -> RolloutParts | None:
     if len(problems) > n:
         return None
     kwargs = dict(r.vllm_kwargs) if engine.extra_kwargs_key == "rollout.vllm_kwargs" else {}
-    return RolloutParts(engine, kwargs, workflow, dict(r.workflow_kwargs), accept)
+    return RolloutParts(engine, kwargs, workflow, workflow_kwargs, accept)
 
 
 def _engine(cfg, problems: list[str]) -> EngineSpec | None:
@@ -63,6 +68,25 @@ def _engine(cfg, problems: list[str]) -> EngineSpec | None:
 
 def _able(flag: str) -> str:
     return " or ".join(n for n, s in ENGINES.items() if getattr(s, flag))
+
+
+def _agent(cfg, problems: list[str]) -> tuple[type | None, dict[str, Any]]:
+    """``rollout.agent`` as the agent workflow and its bound settings (``rollout/agent.py``)."""
+    r = cfg.rollout
+    n = len(problems)
+    try:
+        spec = load_agent(r.agent, dict(r.agent_kwargs))
+    except PluginError as e:
+        problems.append(str(e))
+    try:
+        get_parser(r.tool_call_parser)
+    except ValueError as e:
+        problems.append(str(e))
+    if len(problems) > n:
+        return None, {}
+    return AgentWorkflow, dict(agent=spec, timeout=r.agent_timeout, export=r.agent_export,
+                               turn_discount=r.turn_discount, tool_call_parser=r.tool_call_parser,
+                               max_concurrent=r.max_concurrent_rollouts)
 
 
 def _workflow(path: str, kwargs: dict, problems: list[str]) -> type | None:

@@ -40,6 +40,7 @@ SAFE: dict[str, str] = {
     "scheduler": "where the processes run",
     "rollout.request_timeout": "how long a stalled rollout may take before the run stops",
     "rollout.vllm_kwargs": "the vLLM engine's memory and scheduling settings",
+    "rollout.agent_timeout": "how long one agent episode may take",
     "reward.workers": "how many processes run the same reward function",
     "reward.timeout": "how long one reward call may take",
     "reward.max_error_fraction": "when failing reward calls stop the run",

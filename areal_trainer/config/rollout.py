@@ -5,7 +5,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..dtypes import DTYPE_NAMES
-from .base import Checked, at_least_one, fraction, one_of
+from .base import Checked, at_least_one, fraction, is_number, one_of
+
+DEFAULT_WORKFLOW = "areal_trainer.rollout.workflow.RLVRWorkflow"
 
 
 @dataclass
@@ -17,7 +19,7 @@ class RolloutConfig(Checked):
     ``vllm`` (optional extra; colocated engine)."""
     vllm_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments for ``vllm.LLM`` (e.g. ``gpu_memory_utilization``, ``enforce_eager``)."""
-    workflow: str = "areal_trainer.rollout.workflow.RLVRWorkflow"
+    workflow: str = DEFAULT_WORKFLOW
     """Import path of the workflow class that turns one prompt into trajectories."""
     workflow_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments of the workflow class (e.g. ``max_turns`` of the multi-turn workflow)."""
@@ -44,7 +46,8 @@ class RolloutConfig(Checked):
     """Prompt groups the trainer consumes per version, the staleness manager's unit (null: train_dataset.batch_size,
     the only value that keeps the bound exact)."""
     max_concurrent_rollouts: int | None = None
-    """Most prompt groups generating at once, i.e. per generation call (null: consumer_batch_size)."""
+    """Most prompt groups generating at once, i.e. per generation call (null: consumer_batch_size). With
+    ``rollout.agent``: also the most episodes in flight at once within a call (null: all of them)."""
     queue_size: int | None = None
     """Most prompt groups generated or generating but not yet trained on (null: 16 x max_concurrent_rollouts)."""
     partial_rollout: bool = True
@@ -55,6 +58,23 @@ class RolloutConfig(Checked):
     ``bfloat16`` under float32 training gives the train/inference mismatch of bf16 inference engines."""
     request_timeout: float = 3600.0
     """Seconds the trainer waits for the rollout thread to finish a generation call before stopping the run."""
+    agent: str | None = None
+    """Import path of the agent run once per episode in place of a workflow: an async function
+    ``run(data, *, client)`` or ``run(data, *, base_url, api_key)``, or a class with such a ``run`` method. It
+    returns the episode's reward, or ``{completion_id: reward}`` (``rollout/agent.py``, docs/agents.md)."""
+    agent_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the agent class's constructor, or of every call of the agent function."""
+    agent_timeout: float | None = None
+    """Seconds an episode may take; a longer one is cancelled, scores ``reward.error_value`` and is counted
+    (null: no limit)."""
+    agent_export: str = "individual"
+    """Rows of an agent episode: ``individual`` (each model call is a row) or ``concat`` (calls whose prompt
+    extends the previous call's prompt and output exactly share one row)."""
+    turn_discount: float = 1.0
+    """Per-call rewards are discounted backwards: each call adds this factor times the next call's reward."""
+    tool_call_parser: str = "hermes"
+    """How tool calls are read out of the model's text: ``hermes`` (Qwen, ``<tool_call>{json}</tool_call>``),
+    ``mistral``, ``llama3_json``, or the import path of a parser class."""
 
     def check(self, key: str) -> list[str]:
         p = one_of(f"{key}.offpolicy_mode", self.offpolicy_mode, ("concurrent", "lagged"))
@@ -68,6 +88,19 @@ class RolloutConfig(Checked):
         p += fraction(f"{key}.lagged_switch_prob", self.lagged_switch_prob)
         if not self.request_timeout > 0:
             p.append(f"{key}.request_timeout: got {self.request_timeout}; must be > 0 seconds.")
+        return p + self._check_agent(key)
+
+    def _check_agent(self, key: str) -> list[str]:
+        p = one_of(f"{key}.agent_export", self.agent_export, ("individual", "concat"))
+        if self.agent_timeout is not None and not (is_number(self.agent_timeout) and self.agent_timeout > 0):
+            p.append(f"{key}.agent_timeout: got {self.agent_timeout!r}; must be > 0 seconds, or null for no limit.")
+        if not (is_number(self.turn_discount) and 0 < self.turn_discount <= 1):
+            p.append(f"{key}.turn_discount: got {self.turn_discount!r}; must be in (0, 1] (1: no discount).")
+        if self.agent is not None and self.workflow != DEFAULT_WORKFLOW:
+            p.append(f"{key}.agent={self.agent!r} and {key}.workflow={self.workflow!r} both say how episodes run; "
+                     f"set only one (drop {key}.workflow to run the agent, or {key}.agent=null to run the workflow).")
+        if self.agent is None and self.agent_kwargs:
+            p.append(f"{key}.agent_kwargs is set but {key}.agent is null; name the agent, or drop the kwargs.")
         return p
 
 

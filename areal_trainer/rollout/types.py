@@ -96,6 +96,7 @@ class TrajectoryGroup:
 
     ``stats`` are this group's reward metrics (``reward/errors``, ``reward/timeouts``, ... and each
     source's mean; ``RewardScores.typed``), combined over the groups of a step by their reductions. ``prompt_id`` is the prompt's dataset row, set by the trainer's rollout source.
+    ``episode_rows`` / ``episode_rewards`` say which rows belong to one episode (agents' per-call rows).
 
     Read access by key (``group["rewards"]``) goes to ``tensors``, so a dynamic filter sees the
     group like a dict.
@@ -104,6 +105,11 @@ class TrajectoryGroup:
     tensors: dict[str, torch.Tensor]
     stats: dict[str, Any] = field(default_factory=dict)
     prompt_id: int | None = None
+    episode_rows: tuple[int, ...] | None = None
+    """Rows of each episode, in row order, when an episode may have several rows (agents: one per call);
+    None: every row is its own episode. Group statistics count episodes."""
+    episode_rewards: tuple[float, ...] | None = None
+    """Each episode's reward (the discounted return of its first call), the value group statistics use."""
 
     def __getitem__(self, key: str) -> torch.Tensor:
         return self.tensors[key]
@@ -146,6 +152,10 @@ class TrajectoryGroup:
              for k in (*ROW_KEYS, "token_rewards") if k in t and tuple(t[k].shape) != shape]
         p += [f"{label}: {k} has shape {tuple(t[k].shape)}; expected ({shape[0]},), one value per row."
               for k in (*ROW_VALUE_KEYS, "num_turns") if k in t and tuple(t[k].shape) != (shape[0],)]
+        if self.episode_rows is not None and (sum(self.episode_rows) != shape[0] or min(self.episode_rows) < 1
+                                              or len(self.episode_rewards or ()) != len(self.episode_rows)):
+            p.append(f"{label}: episode_rows {self.episode_rows} must be positive and sum to the group's {shape[0]} "
+                     "rows, with one episode_rewards entry each.")
         return p
 
 

@@ -22,7 +22,7 @@ import torch
 from ..loss import PolicyLogprobs
 from ..rollout.batch import concat_groups
 
-_GROUPING = ("group_sizes", "prompt_ids")
+_GROUPING = ("group_sizes", "prompt_ids", "episodes")
 """The fields of :class:`TrainBatch` about its prompt groups (not row tensors)."""
 
 
@@ -37,6 +37,13 @@ def _cut(t: torch.Tensor | None, idx: torch.Tensor, width: int) -> torch.Tensor 
     return t[:, :width] if t.dim() == 2 else t
 
 
+def _episodes(groups: Sequence) -> tuple:
+    """Each group's episode rows and rewards (None for a group whose rows are its episodes); () if none has them."""
+    out = tuple((tuple(g.episode_rows), tuple(g.episode_rewards)) if getattr(g, "episode_rows", None) else None
+                for g in groups)
+    return out if any(e is not None for e in out) else ()
+
+
 @dataclass(frozen=True)
 class TrainBatch:
     """One step's rows (``rollout/types.py`` describes each tensor), all on one device.
@@ -47,6 +54,8 @@ class TrainBatch:
         num_turns: ``[B]`` or None; token_rewards: ``[B, S]`` process rewards or None.
         group_sizes: rows of each prompt group, in row order.
         prompt_ids: the dataset row of each prompt group (None where unknown).
+        episodes: per prompt group, ``(rows of each episode, reward of each episode)`` when an episode
+            may have several rows (agents), else None; empty when no group has them.
     """
 
     input_ids: torch.Tensor
@@ -59,6 +68,7 @@ class TrainBatch:
     is_truncated: torch.Tensor
     group_sizes: tuple[int, ...]
     prompt_ids: tuple[int | None, ...] = ()
+    episodes: tuple[tuple[tuple[int, ...], tuple[float, ...]] | None, ...] = ()
     num_turns: torch.Tensor | None = None
     token_rewards: torch.Tensor | None = None
 
@@ -67,7 +77,7 @@ class TrainBatch:
         tensors, sizes = concat_groups(groups)
         names = {f.name for f in fields(cls)} - set(_GROUPING)
         return cls(**{k: v.to(device) for k, v in tensors.items() if k in names}, group_sizes=tuple(sizes),
-                   prompt_ids=tuple(getattr(g, "prompt_id", None) for g in groups))
+                   prompt_ids=tuple(getattr(g, "prompt_id", None) for g in groups), episodes=_episodes(groups))
 
     @property
     def n_rows(self) -> int:

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from ..advantage import AdvantageInputs, TrajBatchMeta
+from ..advantage import AdvantageInputs, RolloutGroup, TrajBatchMeta
 from ..metrics import Mean, Metric, Sum
 from ..model.prefix import group_prefix
 from ..reward import is_correct
@@ -74,7 +74,7 @@ def train_step(ctx: StepContext, version: int) -> StepResult:
     t2 = time.time()
     adv = ctx.advantage(AdvantageInputs(
         data=batch.rollout_data(ref_logp=ref_logp, values=values), config=ctx.actor_config,
-        meta=TrajBatchMeta(traj_group_sizes=batch.group_sizes), all_reduce=ctx.dist.sum_fn(), old_logprobs=logps.old))
+        meta=batch_meta(batch), all_reduce=ctx.dist.sum_fn(), old_logprobs=logps.old))
     rows = int(ctx.dist.all_reduce(torch.tensor(batch.n_rows), "min"))  # every process runs as many steps
     t3 = time.time()
     update = ctx.policy.update(
@@ -94,6 +94,15 @@ def train_step(ctx: StepContext, version: int) -> StepResult:
     metrics.update({"time/rollout": Mean(t1 - t0), "time/logprobs": Mean(t2 - t1), "time/advantage": Mean(t3 - t2),
                     "time/update": Mean(t4 - t3)})
     return StepResult(metrics, rollout.prompt_ids, update.all_skipped, batch, adv)
+
+
+def batch_meta(batch: TrainBatch) -> TrajBatchMeta:
+    """The batch's grouping for the advantage: its prompt groups and, for agents' per-call rows, the episodes
+    within them (group statistics then count each episode once, with its reward)."""
+    if not batch.episodes:
+        return TrajBatchMeta(traj_group_sizes=batch.group_sizes)
+    return TrajBatchMeta(traj_group_sizes=batch.group_sizes, rollout_groups=tuple(
+        None if e is None else RolloutGroup(row_counts=e[0], rewards=e[1]) for e in batch.episodes))
 
 
 def rollout_metrics(batch: TrainBatch, adv) -> dict[str, Metric]:

@@ -1,0 +1,309 @@
+"""Agent code as a rollout: ``rollout.agent=<import path>`` runs the user's agent once per episode.
+
+The contract. ``rollout.agent`` names an async function, or a class whose instances have a ``run``
+method (the class is built once with ``rollout.agent_kwargs``; a function gets them with every call).
+It is called as ``run(data, *, client)`` or ``run(data, *, base_url, api_key)``, whichever parameters
+it declares: ``data`` is the dataset row (every column, plus ``messages``, the prompt as chat
+messages), ``client`` behaves like ``openai.AsyncOpenAI`` (``agent_client.py``), and ``base_url`` /
+``api_key`` address the run's OpenAI-compatible HTTP endpoint (``server.py``) with a key of this
+episode's own. It returns the episode's reward (a float, given to its last call), or per-call rewards
+``{completion_id: reward}``. A plain ``def run`` runs in a worker thread with a blocking client.
+
+Episodes. Each prompt's ``gconfig.n_samples`` episodes form its group. All episodes of a rollout call
+run concurrently as coroutines, at most ``rollout.max_concurrent_rollouts`` at a time, and their
+requests are sampled together (``batcher.py``). An episode that takes longer than
+``rollout.agent_timeout`` seconds is cancelled; one whose agent raises is caught. Either scores
+``reward.error_value`` on the calls it made and is counted (``agent/timeouts``, ``agent/errors``); when
+more than ``reward.max_error_fraction`` of a rollout call's episodes raised, the run stops with the
+agent's name and one example. Timeouts never stop the run.
+
+Rows. ``trajectory.py`` turns each episode's recorded calls into rows (``rollout.agent_export``) with
+discounted per-call rewards (``rollout.turn_discount``). A group carries its rows episode by episode
+with each episode's row count and reward (``TrajectoryGroup.episode_rows``/``episode_rewards``), so
+group statistics (GRPO, Dr.GRPO, RLOO, ...) count episodes, not calls. An episode that made no call
+has no rows; a group none of whose episodes made a call gets one untrained row (its prompt).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..errors import UserError
+from ..metrics import Mean, Sum
+from ..model.chat import prompt_ids
+from ..plugins import PluginError, import_object
+from .agent_client import AgentClient, EpisodeSession, SyncAgentClient
+from .batch import make_row, stack_rows
+from .batcher import GenerationBatcher
+from .tool_parsers import get_parser
+from .trajectory import EXPORTS, discounted_rewards, export_rows
+from .types import Segment, TrajectoryGroup
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    """A resolved ``rollout.agent``: what to call, how (``client`` or ``http``), and whether it is async."""
+
+    path: str
+    target: Any
+    """The function, or the class (instantiated when the workflow is built)."""
+    is_class: bool
+    style: str
+    """``client``: ``run(data, *, client)``; ``http``: ``run(data, *, base_url, api_key)``."""
+    is_async: bool
+    kwargs: dict
+
+
+def _run_of(target: Any, is_class: bool) -> Any:
+    return getattr(target, "run", None) if is_class else target
+
+
+def load_agent(path: Any, kwargs: dict, key: str = "rollout.agent") -> AgentSpec:
+    """Resolve and check ``rollout.agent``; raises :class:`PluginError` naming the key and the fix."""
+    target = import_object(path, key)
+    is_class = inspect.isclass(target)
+    run = _run_of(target, is_class)
+    shape = "an async function run(data, *, client) (or run(data, *, base_url, api_key)), or a class with such a run method"
+    if not callable(run):
+        what = "a class without a run method" if is_class else f"a {type(target).__name__}"
+        raise PluginError(f"{key}: {path!r} is {what}; it must be {shape}.")
+    try:
+        params = inspect.signature(run).parameters
+    except (TypeError, ValueError) as e:
+        raise PluginError(f"{key}: the signature of {path!r} cannot be read ({e}); it must be {shape}.") from e
+    names = set(params)
+    if "client" in names:
+        style = "client"
+    elif {"base_url", "api_key"} <= names:
+        style = "http"
+    else:
+        raise PluginError(f"{key}: {path!r} takes ({', '.join(params)}); it must take data and either client or "
+                          f"base_url and api_key as keyword arguments: {shape}.")
+    positional = [p for n, p in params.items() if n != "self" and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if not positional and not any(p.kind is p.VAR_POSITIONAL for p in params.values()):
+        raise PluginError(f"{key}: {path!r} has no parameter for the dataset row; it must be {shape}.")
+    if is_class:
+        try:
+            inspect.signature(target).bind(**kwargs)
+        except TypeError as e:
+            raise PluginError(f"{key}: rollout.agent_kwargs {sorted(kwargs)} do not fit {path}({e}).") from e
+    else:
+        takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+        unknown = [k for k in kwargs if k not in names and not takes_any]
+        if unknown:
+            raise PluginError(f"rollout.agent_kwargs: {', '.join(unknown)} are not parameters of {path!r} "
+                              f"(it takes {', '.join(params)}).")
+    is_async = inspect.iscoroutinefunction(run)
+    return AgentSpec(str(path), target, is_class, style, is_async, dict(kwargs))
+
+
+@dataclass
+class _Outcome:
+    session: EpisodeSession
+    status: str  # ok | error | timeout
+    result: Any = None
+    error: str = ""
+
+
+class AgentWorkflow:
+    """Runs ``rollout.agent`` on every episode of a rollout call (see the module docstring); a
+    :class:`~areal_trainer.rollout.types.Workflow`.
+
+    Args:
+        engine, tokenizer, reward: as for every workflow (``reward`` gives ``error_value`` and
+            ``max_error_fraction``).
+        agent: the resolved agent (:func:`load_agent`).
+        timeout: seconds an episode may take (None: no limit).
+        export: ``individual`` or ``concat`` (``trajectory.py``).
+        turn_discount: the per-call discount of later rewards, in (0, 1].
+        tool_call_parser: the parser's name or import path.
+        max_concurrent: most episodes in flight at once (None: all of a call).
+        server: a started ``EndpointServer`` for ``http`` agents (None: started on first use).
+    """
+
+    def __init__(self, *, engine, tokenizer, reward, agent: AgentSpec, timeout: float | None = None,
+                 export: str = "individual", turn_discount: float = 1.0, tool_call_parser: str = "hermes",
+                 max_concurrent: int | None = None, server=None):
+        if export not in EXPORTS:
+            raise UserError(f"rollout.agent_export: got {export!r}; must be one of {', '.join(EXPORTS)}.")
+        self.engine, self.tokenizer, self.reward, self.agent = engine, tokenizer, reward, agent
+        self.timeout, self.export, self.turn_discount = timeout, export, float(turn_discount)
+        self.parser = get_parser(tool_call_parser)
+        self.max_concurrent, self.server = max_concurrent, server
+        self.instance = agent.target(**agent.kwargs) if agent.is_class else None
+        self.error_value = float(getattr(reward, "error_value", 0.0))
+        self.max_error_fraction = float(getattr(reward, "max_error_fraction", 0.5))
+        self.batch_calls = 0
+
+    # -- one rollout call -------------------------------------------------------------------------
+    def rollout(self, samples: list[dict], gconfig: Any) -> list[TrajectoryGroup]:
+        """One group per sample (``gconfig.n_samples`` episodes each), in order."""
+        return asyncio.run(self._rollout(samples, gconfig))
+
+    async def _rollout(self, samples: list[dict], gconfig: Any) -> list[TrajectoryGroup]:
+        g = gconfig.n_samples
+        batcher = GenerationBatcher(self.engine)
+        limit = asyncio.Semaphore(self.max_concurrent or len(samples) * g)
+        try:
+            outcomes = await asyncio.gather(*(self._episode(i * g + j, samples[i], batcher, gconfig, limit)
+                                              for i in range(len(samples)) for j in range(g)))
+        finally:
+            await batcher.close()
+        self.batch_calls += batcher.calls
+        self._check_errors(outcomes)
+        return [self._group(samples[i], outcomes[i * g:(i + 1) * g], batcher) for i in range(len(samples))]
+
+    async def _episode(self, index: int, sample: dict, batcher: GenerationBatcher, gconfig: Any,
+                       limit: asyncio.Semaphore) -> _Outcome:
+        async with limit:
+            session = EpisodeSession(episode=index, tokenizer=self.tokenizer, batcher=batcher, gconfig=gconfig,
+                                     parser=self.parser)
+            key = None
+            try:
+                async with asyncio.timeout(self.timeout) as deadline:
+                    try:
+                        if self.agent.style == "http":
+                            key = self._open_key(session)
+                        result = await self._call(session, self.data(sample), key)
+                        return _Outcome(session, "ok", result)
+                    except Exception as e:  # noqa: BLE001 - the agent's error is contained and counted
+                        if deadline.expired():
+                            raise
+                        return _Outcome(session, "error", error=_describe(e))
+            except TimeoutError:
+                return _Outcome(session, "timeout", error=f"took longer than rollout.agent_timeout={self.timeout:g} s")
+            finally:
+                session.closed = True
+                if key is not None:
+                    self.server.close_episode(key)
+
+    @staticmethod
+    def data(sample: dict) -> dict:
+        """The dataset row an agent gets: every column, and the prompt as chat ``messages``."""
+        columns = dict(sample.get("columns") or {})
+        if not columns:
+            columns = {**sample.get("fields", {}), "prompt": sample.get("prompt"), "answer": sample.get("answer")}
+        return {**columns, "messages": [dict(m) for m in sample["messages"]]}
+
+    def _open_key(self, session: EpisodeSession) -> str:
+        from .server import EndpointServer, LoopHandler  # the HTTP stack loads only for http agents
+
+        if self.server is None:
+            self.server = EndpointServer()
+            self.server.start()
+        return self.server.open_episode(LoopHandler(session, asyncio.get_running_loop()))
+
+    async def _call(self, session: EpisodeSession, data: dict, key: str | None) -> Any:
+        run = self.instance.run if self.instance is not None else self.agent.target
+        kwargs = {} if self.agent.is_class else dict(self.agent.kwargs)
+        if self.agent.style == "http":
+            kwargs.update(base_url=self.server.base_url, api_key=key)
+            if self.agent.is_async:
+                return await run(data, **kwargs)
+            return await asyncio.to_thread(run, data, **kwargs)
+        if self.agent.is_async:
+            return await run(data, client=AgentClient(session), **kwargs)
+        client = SyncAgentClient(session, asyncio.get_running_loop())
+        return await asyncio.to_thread(run, data, client=client, **kwargs)
+
+    # -- outcomes as rows -------------------------------------------------------------------------
+    def _check_errors(self, outcomes: list[_Outcome]) -> None:
+        failed = [o for o in outcomes if o.status == "error"]
+        if len(failed) > self.max_error_fraction * len(outcomes):
+            raise UserError(f"rollout.agent {self.agent.path}: {len(failed)} of {len(outcomes)} episodes raised "
+                            f"(more than reward.max_error_fraction={self.max_error_fraction:g}); for example:\n"
+                            f"{failed[0].error}")
+
+    def _rewards(self, o: _Outcome) -> list[float | None] | str:
+        """Per-call rewards of an episode (None: not set), or why its result is unusable."""
+        records = o.session.records
+        rewards = [r.reward for r in records]
+        if o.status != "ok":
+            rewards[-1] = self.error_value
+            return rewards
+        result = o.result
+        if isinstance(result, dict):
+            ids = {r.completion_id for r in records}
+            unknown = [k for k in result if k not in ids]
+            if unknown:
+                return f"returned rewards for unknown completion ids {unknown[:3]}"
+            for r in records:
+                if r.completion_id in result:
+                    r.reward = _number(result[r.completion_id])
+            rewards = [r.reward for r in records]
+            return rewards if all(x is None or x == x for x in rewards) else "returned a non-number reward"
+        value = _number(result)
+        if value is None or value != value:
+            return f"returned {result!r}; an agent returns a float reward or {{completion_id: reward}}"
+        rewards[-1] = value
+        return rewards
+
+    def _group(self, sample: dict, outcomes: list[_Outcome], batcher: GenerationBatcher) -> TrajectoryGroup:
+        rows, counts, episode_rewards, errors, stats = [], [], [], [], _stats(outcomes)
+        for o in outcomes:
+            if not o.session.records:
+                continue
+            rewards = self._rewards(o)
+            if isinstance(rewards, str):
+                errors.append(rewards)
+                rewards = [None] * (len(o.session.records) - 1) + [self.error_value]
+            returns = discounted_rewards(rewards, self.turn_discount)
+            exported, fallbacks = export_rows(o.session.records, returns, self.export)
+            stats["agent/concat_fallbacks"] = Sum(stats["agent/concat_fallbacks"].value + fallbacks)
+            rows += exported
+            counts.append(len(exported))
+            episode_rewards.append(returns[0])
+        stats["agent/bad_results"] = Sum(float(len(errors)))
+        stats["agent/errors"] = Sum(stats["agent/errors"].value + len(errors))
+        if errors and len(errors) > self.max_error_fraction * len(outcomes):
+            raise UserError(f"rollout.agent {self.agent.path}: {len(errors)} of {len(outcomes)} episodes {errors[0]}.")
+        if not rows:  # nothing was sampled: one untrained row keeps the prompt's place in the batch
+            tensors = stack_rows([make_row([Segment(prompt_ids(self.tokenizer, sample["messages"]))])])
+            tensors.update(rewards=torch.tensor([self.error_value]), is_truncated=torch.tensor([False]),
+                           num_turns=torch.zeros(1))
+            stats["agent/empty_groups"] = Sum(1.0)
+            return TrajectoryGroup(tensors, stats=stats)
+        tensors = stack_rows([make_row(r.segments) for r in rows])
+        tensors["rewards"] = torch.tensor([r.reward for r in rows], dtype=torch.float32)
+        tensors["is_truncated"] = torch.tensor([r.truncated for r in rows])
+        tensors["num_turns"] = torch.tensor([float(r.calls) for r in rows])
+        stats["agent/empty_groups"] = Sum(0.0)
+        stats["agent/episode_reward"] = Mean(sum(episode_rewards) / len(episode_rewards), len(episode_rewards))
+        return TrajectoryGroup(tensors, stats=stats, episode_rows=tuple(counts), episode_rewards=tuple(episode_rewards))
+
+
+def _number(x: Any) -> float | None:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        try:
+            return float(x.item()) if hasattr(x, "item") else None
+        except Exception:  # noqa: BLE001 - not a number
+            return None
+    return float(x)
+
+
+def _describe(e: BaseException) -> str:
+    """An exception with the last frames of its traceback (one example in the error message)."""
+    tb = "".join(traceback.format_exception(type(e), e, e.__traceback__, limit=-3)).rstrip()
+    return tb
+
+
+def _stats(outcomes: list[_Outcome]) -> dict[str, Sum]:
+    """The counters of a group's episodes (summed over groups and ranks)."""
+    c = [o.session.counters for o in outcomes]
+    return {
+        "agent/episodes": Sum(float(len(outcomes))),
+        "agent/errors": Sum(float(sum(o.status == "error" for o in outcomes))),
+        "agent/timeouts": Sum(float(sum(o.status == "timeout" for o in outcomes))),
+        "agent/calls": Sum(float(sum(x.calls for x in c))),
+        "agent/tool_calls": Sum(float(sum(x.tool_calls for x in c))),
+        "agent/tool_errors": Sum(float(sum(x.tool_errors for x in c))),
+        "agent/tool_parse_failures": Sum(float(sum(x.tool_parse_failures for x in c))),
+        "agent/length_refusals": Sum(float(sum(x.length_refusals for x in c))),
+        "agent/concat_fallbacks": Sum(0.0),
+    }

@@ -1,0 +1,126 @@
+"""Dynamic batching of generation requests from concurrent episodes.
+
+Agent episodes run as coroutines on one event loop and each asks for one completion at a time.
+The engines are fastest when they sample many rows in one call, so requests are not generated one by
+one: :class:`GenerationBatcher` queues them, and whenever the engine is free it takes every queued
+request with the same sampling settings and generates them in one ``engine.generate`` call, run in a
+worker thread so the loop (and the tools of other episodes) keeps running meanwhile. Requests that
+arrive while a call runs form the next call.
+
+Order. A call's rows are the queued requests sorted by ``order`` (the episode's index and its call
+number), not by arrival: when every episode only awaits the client, each call holds the same
+requests in the same order however the threads are scheduled, so a seeded run samples the same
+tokens (the lagged mode's reproducibility rests on this). Before taking a batch the batcher lets the
+loop run until no coroutine is ready (``_settle``), so that episodes that are about to ask join the
+call instead of waiting for the next one.
+
+Cancellation. A request whose episode is cancelled (a timeout) is dropped from the queue; one
+already being generated finishes with its call and its result is discarded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from .types import Generation
+
+
+@dataclass(order=True)
+class _Request:
+    order: tuple
+    prompt: list[int] = field(compare=False)
+    gconfig: Any = field(compare=False)
+    future: asyncio.Future = field(compare=False)
+
+
+def _settings_key(gconfig: Any) -> tuple:
+    """Requests generated together must share every sampling setting but the prompt."""
+    return tuple(sorted((k, repr(v)) for k, v in vars(gconfig).items()))
+
+
+class GenerationBatcher:
+    """Queues ``generate`` requests of concurrent coroutines and runs them in batched engine calls.
+
+    Args:
+        engine: an ``InferenceEngine`` (``generate(prompts, gconfig) -> list[Generation]``).
+        max_batch: most rows per engine call (None: all queued requests).
+    """
+
+    def __init__(self, engine, max_batch: int | None = None):
+        self.engine, self.max_batch = engine, max_batch
+        self._queue: list[_Request] = []
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self.calls = 0
+        """Engine calls made (each batches every request queued at its start)."""
+        self.rows = 0
+        """Rows generated in all."""
+
+    async def generate(self, prompt: list[int], gconfig: Any, order: tuple) -> Generation:
+        """One answer to ``prompt`` sampled with ``gconfig``; ``order`` places it within its call."""
+        loop = asyncio.get_running_loop()
+        if self._task is None or self._task.done():
+            self._wake = asyncio.Event()
+            self._task = loop.create_task(self._serve(), name="areal-generation-batcher")
+        request = _Request(order, list(prompt), gconfig, loop.create_future())
+        self._queue.append(request)
+        self._wake.set()
+        try:
+            return await asyncio.shield(request.future)
+        except asyncio.CancelledError:
+            if request in self._queue:
+                self._queue.remove(request)
+            raise
+
+    async def close(self) -> None:
+        """Stop serving (requests still queued fail with ``CancelledError``)."""
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001 - the loop is ending
+                pass
+        for r in self._queue:
+            if not r.future.done():
+                r.future.cancel()
+        self._queue.clear()
+
+    @staticmethod
+    async def _settle(rounds: int = 8) -> None:
+        """Let every ready coroutine run until it blocks (a few loop iterations)."""
+        for _ in range(rounds):
+            await asyncio.sleep(0)
+
+    async def _serve(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            await self._settle()
+            while self._queue:
+                batch = self._take()
+                try:
+                    gens = await asyncio.to_thread(self.engine.generate, [r.prompt for r in batch], batch[0].gconfig)
+                except BaseException as e:  # noqa: BLE001 - every waiting episode gets the error
+                    for r in batch:
+                        if not r.future.done():
+                            r.future.set_exception(e)
+                    if isinstance(e, asyncio.CancelledError):
+                        raise
+                    continue
+                self.calls += 1
+                self.rows += len(batch)
+                for r, g in zip(batch, gens):
+                    if not r.future.done():
+                        r.future.set_result(g)
+                await self._settle()
+
+    def _take(self) -> list[_Request]:
+        """The queued requests of the first request's settings, in ``order`` (at most ``max_batch``)."""
+        key = _settings_key(self._queue[0].gconfig)
+        same = sorted(r for r in self._queue if _settings_key(r.gconfig) == key)
+        batch = same[: self.max_batch] if self.max_batch else same
+        taken = {id(r) for r in batch}
+        self._queue = [r for r in self._queue if id(r) not in taken]
+        return batch
