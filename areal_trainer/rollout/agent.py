@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 import traceback
 from dataclasses import dataclass
 from typing import Any
@@ -288,9 +289,13 @@ def _number(x: Any) -> float | None:
 
 
 def _describe(e: BaseException) -> str:
-    """An exception with the last frames of its traceback (one example in the error message)."""
-    tb = "".join(traceback.format_exception(type(e), e, e.__traceback__, limit=-3)).rstrip()
-    return tb
+    """An exception with the agent's frames of its traceback (the trainer's own frames left out)."""
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if not f.filename.startswith(_PACKAGE)][-4:]
+    where = "".join(traceback.format_list(frames))
+    return f"{where}{type(e).__name__}: {e}".strip()
+
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _stats(outcomes: list[_Outcome]) -> dict[str, Sum]:

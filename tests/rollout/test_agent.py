@@ -1,0 +1,251 @@
+"""The agent workflow on real and scripted engines: rows hold exactly what the engine returned, a chat
+template that rewrites history (Qwen3 drops earlier <think> blocks) makes concat fall back to per-call
+rows, episodes run concurrently with their requests batched, and a misbehaving agent is contained."""
+
+import asyncio
+import types
+
+import pytest
+import torch
+
+from areal_trainer.config.schema import GenerationHyperparameters
+from areal_trainer.errors import UserError
+from areal_trainer.model.builtin import build_model, build_tokenizer
+from areal_trainer.plugins import PluginError
+from areal_trainer.rollout.agent import AgentWorkflow, load_agent
+from areal_trainer.rollout.engine import HFEngine
+from areal_trainer.rollout.types import Generation
+
+CPU = torch.device("cpu")
+REWARD = types.SimpleNamespace(error_value=-1.0, max_error_fraction=0.5)
+# Qwen3's template renders an earlier assistant message without its reasoning: only the text after </think>.
+THINK_DROPPING = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{% if m['role'] == 'assistant' and '</think>' in m['content'] %}{{ m['content'].split('</think>')[-1].strip() }}"
+    "{% else %}{{ m['content'] }}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+THOUGHT = "<think> 3 + 4</think> 7"  # decodes and re-encodes to the same ids with the tokenizer below
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tokenizer()
+
+
+def _samples(n):
+    return [{"messages": [{"role": "user", "content": f"Tom has {i} apples. How many apples does Tom have?"}],
+             "prompt": "p", "answer": f"#### {i}", "fields": {"id": i}} for i in range(n)]
+
+
+class Recording:
+    """An engine wrapper that keeps every Generation it returned, and each call's size."""
+
+    def __init__(self, engine):
+        self.engine, self.returned, self.sizes = engine, [], []
+        self.max_positions = getattr(engine, "max_positions", None)
+
+    def generate(self, prompts, gconfig):
+        out = self.engine.generate(prompts, gconfig)
+        self.returned += [(list(p), g) for p, g in zip(prompts, out)]
+        self.sizes.append(len(prompts))
+        return out
+
+
+class Scripted:
+    """Answers every prompt with the same text, with made-up distinct log-probs and version 7."""
+
+    max_positions = None
+
+    def __init__(self, tok, text):
+        self.ids = tok(text, add_special_tokens=False).input_ids + [tok.eos_token_id]
+
+    def generate(self, prompts, gconfig):
+        return [Generation(list(self.ids), [-0.1 * (k + 1) for k in range(len(self.ids))], False, [7] * len(self.ids))
+                for _ in prompts]
+
+
+def _workflow(engine, tok, agent, **kw):
+    spec = load_agent(agent, kw.pop("agent_kwargs", {}))
+    return AgentWorkflow(engine=engine, tokenizer=tok, reward=REWARD, agent=spec, **kw)
+
+
+async def two_turns(data, *, client):
+    messages = list(data["messages"])
+    for _ in range(2):
+        r = await client.chat.completions.create(model="gpt-4o", messages=messages, max_tokens=6)
+        messages += [{"role": "assistant", "content": r.choices[0].message.content},
+                     {"role": "user", "content": "again"}]
+    return 1.0
+
+
+def _rows_match_engine(groups, returned):
+    """Every trained token and its log-prob and version are what the engine returned for it."""
+    by_output = {}
+    for prompt, g in returned:
+        by_output.setdefault(tuple(prompt), []).append(g)
+    n_answers = 0
+    for group in groups:
+        t = group.tensors
+        for i in range(group.n_rows):
+            n = int(t["attention_mask"][i].sum())
+            ids, mask = t["input_ids"][i, :n].tolist(), t["loss_mask"][i, :n].bool()
+            # split the row into its answers (runs of loss_mask 1) and find each one's generation
+            k = 0
+            while k < n:
+                if not mask[k]:
+                    k += 1
+                    continue
+                end = k
+                while end < n and mask[end]:
+                    end += 1
+                gens = by_output[tuple(ids[:k])]
+                gen = next(g for g in gens if g.output_ids == ids[k:end])
+                assert t["logprobs"][i, k:end].tolist() == torch.tensor(gen.logprobs, dtype=torch.float32).tolist()
+                assert t["versions"][i, k:end].tolist() == gen.versions
+                n_answers += 1
+                k = end
+    return n_answers
+
+
+@pytest.mark.parametrize("export", ["individual", "concat"])
+def test_rows_hold_the_engines_tokens_logprobs_and_versions_bit_for_bit(tok, export):
+    torch.manual_seed(0)
+    engine = Recording(HFEngine(build_model("builtin:tiny", tok, seed=0), tok, device=CPU))
+    wf = _workflow(engine, tok, "tests.rollout.test_agent.two_turns", export=export)
+    groups = wf.rollout(_samples(3), GenerationHyperparameters(n_samples=2, max_new_tokens=6))
+    assert len(groups) == 3 and all(g.episode_rows is not None and len(g.episode_rows) == 2 for g in groups)
+    assert _rows_match_engine(groups, engine.returned) == len(engine.returned) == 12
+    assert engine.sizes == [6, 6]  # every episode's first calls in one batch, then every second call
+
+
+def test_a_template_that_drops_earlier_reasoning_makes_concat_fall_back_and_trains_the_sampled_ids(tok):
+    tok = build_tokenizer()
+    tok.add_tokens(["<think>", "</think>"])
+    tok.chat_template = THINK_DROPPING
+    engine = Recording(Scripted(tok, THOUGHT))
+    wf = _workflow(engine, tok, "tests.rollout.test_agent.two_turns", export="concat")
+    [group] = wf.rollout(_samples(1), GenerationHyperparameters(n_samples=1, max_new_tokens=16))
+    assert group.stats["agent/concat_fallbacks"].value == 1 and group.n_rows == 2 and group.episode_rows == (2,)
+    first_prompt, first = engine.returned[0]
+    second_prompt, _ = engine.returned[1]
+    assert tok.convert_tokens_to_ids("<think>") not in second_prompt  # the history lost the reasoning
+    assert second_prompt[:len(first_prompt) + len(first.output_ids)] != first_prompt + first.output_ids
+    assert _rows_match_engine([group], engine.returned) == 2
+    rows = [group["input_ids"][i, :int(group["attention_mask"][i].sum())].tolist() for i in range(2)]
+    assert rows == [p + g.output_ids for p, g in engine.returned]
+
+    tok.chat_template = THINK_DROPPING.replace("'</think>' in m['content']", "false")  # keeps the history whole
+    engine = Recording(Scripted(tok, THOUGHT))
+    wf = _workflow(engine, tok, "tests.rollout.test_agent.two_turns", export="concat")
+    [group] = wf.rollout(_samples(1), GenerationHyperparameters(n_samples=1, max_new_tokens=16))
+    # Still no merge: the built-in template closes a turn with <|im_end|>, the model stopped with <eos>.
+    assert group.stats["agent/concat_fallbacks"].value == 1
+    tok.chat_template = tok.chat_template.replace("<|im_end|>\n{% endfor %}", "{{ eos_token }}\n{% endfor %}")
+    engine = Recording(Scripted(tok, THOUGHT))
+    wf = _workflow(engine, tok, "tests.rollout.test_agent.two_turns", export="concat")
+    [group] = wf.rollout(_samples(1), GenerationHyperparameters(n_samples=1, max_new_tokens=16))
+    assert group.stats["agent/concat_fallbacks"].value == 0 and group.n_rows == 1
+    assert group["input_ids"][0].tolist() == engine.returned[1][0] + engine.returned[1][1].output_ids
+    assert _rows_match_engine([group], engine.returned) == 2
+
+
+async def slow(data, *, client, delay=0.3):
+    await client.chat.completions.create(model="m", messages=data["messages"], max_tokens=2)
+    await asyncio.sleep(delay)
+    return 0.0
+
+
+def test_episodes_run_concurrently_and_max_concurrent_bounds_them(tok):
+    engine = Recording(Scripted(tok, "7"))
+    g = GenerationHyperparameters(n_samples=2, max_new_tokens=4)
+    wf = _workflow(engine, tok, "tests.rollout.test_agent.slow", agent_kwargs={"delay": 0.3})
+    loop = asyncio.new_event_loop()
+    t0 = loop.time()
+    wf.rollout(_samples(4), g)
+    concurrent = loop.time() - t0
+    assert engine.sizes == [8] and concurrent < 8 * 0.3 / 2
+    engine = Recording(Scripted(tok, "7"))
+    wf = _workflow(engine, tok, "tests.rollout.test_agent.slow", agent_kwargs={"delay": 0.05}, max_concurrent=2)
+    wf.rollout(_samples(4), g)
+    assert max(engine.sizes) <= 2 and sum(engine.sizes) == 8
+    loop.close()
+
+
+async def failing(data, *, client):
+    r = await client.chat.completions.create(model="m", messages=data["messages"])
+    if data["id"] == 0:
+        raise RuntimeError("the environment broke")
+    return {r.id: 1.0}
+
+
+async def hanging(data, *, client):
+    await client.chat.completions.create(model="m", messages=data["messages"])
+    if data["id"] == 0:
+        await asyncio.sleep(60)
+    return 1.0
+
+
+def test_an_agent_that_raises_scores_the_error_value_and_is_counted(tok):
+    wf = _workflow(Scripted(tok, "7"), tok, "tests.rollout.test_agent.failing")
+    groups = wf.rollout(_samples(3), GenerationHyperparameters(n_samples=1, max_new_tokens=4))
+    assert [g["rewards"].tolist() for g in groups] == [[-1.0], [1.0], [1.0]]
+    assert [g.stats["agent/errors"].value for g in groups] == [1, 0, 0]
+
+
+def test_too_many_failing_episodes_stop_the_run_naming_the_agent_and_an_example(tok):
+    wf = _workflow(Scripted(tok, "7"), tok, "tests.rollout.test_agent.failing")
+    with pytest.raises(UserError, match=r"(?s)tests.rollout.test_agent.failing: 1 of 1 episodes raised.*"
+                                        r"RuntimeError: the environment broke"):
+        wf.rollout(_samples(1), GenerationHyperparameters(n_samples=1, max_new_tokens=4))
+
+
+def test_an_episode_past_the_timeout_is_cancelled_scored_and_counted_without_stopping(tok):
+    wf = _workflow(Scripted(tok, "7"), tok, "tests.rollout.test_agent.hanging", timeout=0.5)
+    groups = wf.rollout(_samples(3), GenerationHyperparameters(n_samples=1, max_new_tokens=4))
+    assert [g["rewards"].tolist() for g in groups] == [[-1.0], [1.0], [1.0]]
+    assert [g.stats["agent/timeouts"].value for g in groups] == [1, 0, 0]
+
+
+def sync_agent(data, *, client, reward=0.25):
+    r = client.chat.completions.create(model="m", messages=data["messages"])
+    client.set_reward(r.id, reward)
+    return {}
+
+
+class Counter:
+    def __init__(self, start: int):
+        self.n = start
+
+    async def run(self, data, *, client):
+        await client.chat.completions.create(model="m", messages=data["messages"])
+        self.n += 1
+        return float(self.n)
+
+
+def test_plain_functions_run_in_a_thread_and_classes_are_built_once_with_the_kwargs(tok):
+    wf = _workflow(Scripted(tok, "7"), tok, "tests.rollout.test_agent.sync_agent", agent_kwargs={"reward": 0.25})
+    [g] = wf.rollout(_samples(1), GenerationHyperparameters(n_samples=2, max_new_tokens=4))
+    assert g["rewards"].tolist() == [0.25, 0.25]
+    wf = _workflow(Scripted(tok, "7"), tok, "tests.rollout.test_agent.Counter", agent_kwargs={"start": 10})
+    [g] = wf.rollout(_samples(1), GenerationHyperparameters(n_samples=2, max_new_tokens=4))
+    assert sorted(g["rewards"].tolist()) == [11.0, 12.0] and wf.instance.n == 12
+
+
+async def no_client(data):
+    return 1.0
+
+
+@pytest.mark.parametrize("path,match", [
+    ("tests.rollout.test_agent.nope", "has no attribute 'nope'"),
+    ("tests.rollout.test_agent.no_client", "must take data and either client or base_url and api_key"),
+    ("tests.rollout.test_agent.REWARD", "it must be an async function run"),
+])
+def test_an_agent_without_the_contract_is_refused_naming_the_key(path, match):
+    with pytest.raises(PluginError, match=match) as e:
+        load_agent(path, {})
+    assert "rollout.agent" in str(e.value)
+
+
+def test_agent_kwargs_that_do_not_fit_are_refused():
+    with pytest.raises(PluginError, match="rollout.agent_kwargs: colour"):
+        load_agent("tests.rollout.test_agent.slow", {"colour": 1})
