@@ -203,3 +203,30 @@ def test_null_sections_are_filled_only_where_hydra_applies_overrides():
     cfg = load_config("ppo", ["actor.reward_norm.mean_level=group"])  # null in the ppo preset
     assert (cfg.actor.reward_norm.mean_level, cfg.actor.reward_norm.std_level) == ("group", "batch")  # defaults
     assert load_config("grpo", ["actor.reward_norm.mean_level=batch"]).actor.reward_norm.std_level == "group"
+
+
+def test_agent_problems_are_all_reported_before_anything_loads():
+    text = "\n".join(_problems(["rollout.agent=tests.agents.simple.nope", "rollout.tool_call_parser=qwen_xml",
+                                "rollout.agent_export=merged", "rollout.agent_timeout=0", "rollout.turn_discount=1.5"]))
+    assert "rollout.agent: module 'tests.agents.simple' has no attribute 'nope'" in text
+    assert "rollout.tool_call_parser" in text and "'qwen_xml'" in text and "hermes" in text
+    assert "rollout.agent_export" in text and "'merged'" in text
+    assert "rollout.agent_timeout: got 0" in text and "rollout.turn_discount: got 1.5" in text
+    text = "\n".join(_problems(["rollout.agent=tests.rollout.test_agent.no_client"]))
+    assert "rollout.agent: 'tests.rollout.test_agent.no_client' takes (data); it must take data and either client" in text
+    text = "\n".join(_problems(["rollout.agent=tests.agents.simple.try_again",
+                                "rollout.workflow=areal_trainer.rollout.multiturn.MultiTurnWorkflow"]))
+    assert "rollout.agent='tests.agents.simple.try_again' and rollout.workflow=" in text and "set only one" in text
+
+
+def test_an_agent_binds_to_the_agent_workflow_with_its_settings():
+    from areal_trainer.components import load
+    from areal_trainer.rollout.agent import AgentWorkflow
+
+    built = load("grpo", ["rollout.agent=tests.agents.simple.SlowAgent", "+rollout.agent_kwargs.calls=3",
+                          "rollout.agent_export=concat", "rollout.turn_discount=0.9", "rollout.agent_timeout=30"])
+    parts = built.rollout
+    assert parts.workflow is AgentWorkflow
+    kw = parts.workflow_kwargs
+    assert kw["agent"].kwargs == {"calls": 3} and kw["agent"].style == "client" and kw["agent"].is_class
+    assert (kw["export"], kw["turn_discount"], kw["timeout"], kw["tool_call_parser"]) == ("concat", 0.9, 30.0, "hermes")
