@@ -52,3 +52,33 @@ def test_group_statistics_count_episodes_not_calls(algo, expected):
     assert adv == pytest.approx(expected, rel=1e-4)
     # the same episodes, one row each, give the same advantages
     assert _advantages(algo, [_group([1.0, 0.0])]) == pytest.approx([expected[0], expected[-1]], rel=1e-4)
+
+
+def test_turn_level_gae_runs_on_merged_agent_rows():
+    from areal_trainer.rollout.agent_client import CallRecord
+    from areal_trainer.rollout.trajectory import discounted_rewards, export_rows
+
+    def episode(reward):
+        recs = [CallRecord("a", 0, 0, [1, 2], [3, 4, 5], [-1.0] * 3, [0] * 3, False),
+                CallRecord("b", 0, 1, [1, 2, 3, 4, 5, 6, 7], [8, 9], [-1.0] * 2, [0] * 2, False)]
+        rows, fallbacks = export_rows(recs, discounted_rewards([None, reward], 0.9), "concat")
+        assert fallbacks == 0 and len(rows) == 1
+        return rows[0]
+
+    rows = [episode(1.0), episode(0.0)]
+    t = stack_rows([make_row(r.segments) for r in rows])
+    t.update(rewards=torch.tensor([r.reward for r in rows]), is_truncated=torch.zeros(2, dtype=torch.bool),
+             num_turns=torch.tensor([2.0, 2.0]))
+    group = TrajectoryGroup(t, episode_rows=(1, 1), episode_rewards=(0.9, 0.0))
+    batch = TrainBatch.from_groups([group], torch.device("cpu"))
+    built = load("grpo", ["actor.gae_timestep_unit=turn"])
+    res = built.advantage(AdvantageInputs(batch.rollout_data(), built.config.actor, meta=batch_meta(batch)))
+    m = res.loss_mask.bool()
+    assert bool(torch.isfinite(res.advantages).all()) and bool((res.advantages[~m] == 0).all())
+    aligned = torch.roll(batch.turn_ids, -1, dims=1)
+    aligned[:, -1] = -1
+    for r in range(2):  # one advantage per turn of each merged row
+        assert sorted(torch.unique(aligned[r][m[r]]).tolist()) == [0, 1]
+        for u in (0, 1):
+            vals = res.advantages[r][m[r] & (aligned[r] == u)]
+            assert torch.allclose(vals, vals[0].expand_as(vals))
