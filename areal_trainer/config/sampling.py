@@ -29,6 +29,11 @@ class GenerationHyperparameters(Checked):
     """Sampling temperature (the logits are divided by it)."""
     stop_token_ids: list[int] = field(default_factory=list)
     """Extra token ids that end an answer (EOS and pad always do)."""
+    stop: list[str] = field(default_factory=list)
+    """Stop strings: an answer ends with the token that completes one of them in its text (decoded
+    without special tokens); that token is kept and no token after it is kept or trained on. Only text
+    after the answer's first ``min_new_tokens`` tokens counts. The answer is then not truncated, as with
+    a stop token."""
 
     def check(self, key: str) -> list[str]:
         p = [x for name in ("n_samples", "max_new_tokens", "max_tokens")
@@ -41,5 +46,10 @@ class GenerationHyperparameters(Checked):
             p.append(f"{key}.top_k: got {self.top_k}; must be >= 0.")
         if not self.greedy and (not is_number(self.temperature) or not self.temperature > 0):
             p.append(f"{key}.temperature: got {self.temperature!r}; must be > 0 (or set {key}.greedy=true).")
+        if isinstance(self.stop, str):
+            p.append(f"{key}.stop: got {self.stop!r}; must be a list of strings (write {key}.stop=[{self.stop!r}]).")
+        elif bad := [s for s in (self.stop or []) if not isinstance(s, str) or not s]:
+            p.append(f"{key}.stop: got {list(self.stop)!r}; every stop string must be a non-empty string "
+                     f"(remove {', '.join(repr(s) for s in bad)}, or set {key}.stop=[] for none).")
         return p
 

@@ -19,6 +19,11 @@ Shared prefill. The samples of one prompt arrive as identical rows; their prompt
 from it, so a step prefills each distinct prompt once instead of ``n_samples`` times. Sampling is
 unchanged: the same logits, the same random draws in the same order.
 
+Stop strings (``gconfig.stop``). A row ends once its answer so far (across the segments of a partial
+rollout) holds a stop string: a stopping criterion checks the new tokens after every step, and each
+answer is then cut after the token that completes the stop string (``stops.py``), as a stop token ends
+it. Without stop strings no criterion is added, and the calls are exactly those made before.
+
 Per-token behaviour log-probabilities are those of the temperature-scaled distribution the token
 was sampled from (after processors such as ``min_new_tokens``, before top-k/top-p truncation),
 recorded one step at a time so no ``[tokens, vocab]`` tensor is ever kept.
@@ -37,6 +42,7 @@ from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria,
 from transformers.cache_utils import DynamicCache
 
 from .limits import new_token_caps, positions_of
+from .stops import may_have_stopped, stop_at, stop_strings
 from .types import Generation
 from .weights import GenerationAborted, WeightGate, copy_weights, rollout_copy, snapshot
 
@@ -78,6 +84,41 @@ class _StopEarly(StoppingCriteria):
         stop = self.engine.gate.pending() or (
             self.limit is not None and input_ids.shape[1] - self.prompt_width >= self.limit)
         return torch.full((input_ids.shape[0],), stop, dtype=torch.bool, device=input_ids.device)
+
+
+class _StopStrings(StoppingCriteria):
+    """Ends each row once its answer holds one of ``gconfig.stop`` (``stops.py``). A row's answer is its
+    tokens of earlier segments (``before``) plus this call's new tokens, so a stop string may straddle two
+    segments of a partial rollout. Rows already ended by a stop token, or past their cap (their tokens
+    are cut anyway), are not checked again."""
+
+    def __init__(self, tokenizer, stops: tuple[str, ...], before: list[list[int]], caps: list[int],
+                 prompt_width: int, stop_ids: set[int], min_tokens: int):
+        self.tokenizer, self.stops, self.stop_ids, self.min_tokens = tokenizer, stops, stop_ids, min_tokens
+        self.answers = [list(b) for b in before]
+        self.segment_start = [len(b) for b in before]
+        self.caps, self.seen = caps, prompt_width
+        self.active = [len(b) < c for b, c in zip(before, caps)]
+        self.stopped = [False] * len(before)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
+        new = input_ids[:, self.seen:].tolist()
+        self.seen = input_ids.shape[1]
+        rows, new_from = [], []
+        for r, toks in enumerate(new):
+            if not self.active[r]:
+                continue
+            new_from.append(len(self.answers[r]))
+            self.answers[r] += toks
+            rows.append(r)
+            if any(t in self.stop_ids for t in toks) or len(self.answers[r]) >= self.caps[r]:
+                self.active[r] = False  # ended by a stop token (then padded), or cut at its cap: checked after the call
+        maybe = may_have_stopped(self.tokenizer, [self.answers[r] for r in rows], new_from, self.stops)
+        for r, m in zip(rows, maybe):
+            if m and stop_at(self.tokenizer, self.answers[r], self.stops, min_tokens=self.min_tokens,
+                             checked=self.segment_start[r]) is not None:
+                self.stopped[r], self.active[r] = True, False
+        return torch.tensor(self.stopped, dtype=torch.bool, device=input_ids.device)
 
 
 @dataclass
@@ -186,14 +227,17 @@ class HFEngine:
         return [rows for rows in (shared, *apart.values()) if rows]
 
     def _generate_chunk(self, prompts: list[list[int]], caps: list[int], g: Any) -> list[Generation]:
-        """Segments of ``generate`` until every answer is finished (a stop token, or ``caps[i]`` tokens);
+        """Segments of ``generate`` until every answer is finished (a stop token, a stop string of
+        ``gconfig.stop``, or ``caps[i]`` tokens);
         between two segments a weight update (pending or scheduled) is loaded. Unfinished rows have the
         same number of tokens."""
         stop = set(self.stop_ids(g))
+        strings = stop_strings(g)
         ids: list[list[int]] = [[] for _ in prompts]
         logps: list[list[float]] = [[] for _ in prompts]
         versions: list[list[int]] = [[] for _ in prompts]
         done = [False] * len(prompts)
+        by_string = [False] * len(prompts)
         todo = list(range(len(prompts)))
         while todo:
             n_done = len(ids[todo[0]])
@@ -201,7 +245,8 @@ class HFEngine:
             limit = switch.after_tokens - n_done if switch is not None else None
             with self.gate.generating() as version:
                 new, new_logps = self._sample([list(prompts[i]) + ids[i] for i in todo], g, n_done, limit,
-                                              max(caps[i] for i in todo))
+                                              max(caps[i] for i in todo),
+                                              ([ids[i] for i in todo], [caps[i] for i in todo]) if strings else None)
             for r, i in enumerate(todo):
                 room = caps[i] - n_done  # a row of a smaller cap than the call's is cut at its own
                 toks, lps = new[r][:room], new_logps[r][:room]
@@ -209,6 +254,12 @@ class HFEngine:
                     if t in stop:
                         toks, lps, done[i] = toks[: k + 1], lps[: k + 1], True
                         break
+                if strings:  # the exact cut: nothing after the token that completes a stop string is kept
+                    keep = stop_at(self.tokenizer, ids[i] + toks, strings, min_tokens=g.min_new_tokens,
+                                   checked=len(ids[i]))
+                    if keep is not None:
+                        toks, lps = toks[: keep - len(ids[i])], lps[: keep - len(ids[i])]
+                        done[i] = by_string[i] = True
                 ids[i] += toks
                 logps[i] += lps
                 versions[i] += [version] * len(toks)
@@ -219,13 +270,16 @@ class HFEngine:
                 self.update_weights(switch.model, switch.version)
             elif todo:
                 self.interruptions += 1
-        return [Generation(ids[i], logps[i], truncated=not (ids[i] and ids[i][-1] in stop), versions=versions[i])
+        return [Generation(ids[i], logps[i], truncated=not (by_string[i] or (ids[i] and ids[i][-1] in stop)),
+                           versions=versions[i])
                 for i in range(len(prompts))]
 
-    def _sample(self, prompts: list[list[int]], g: Any, n_done: int, limit: int | None,
-                most: int) -> tuple[list[list[int]], list[list[float]]]:
+    def _sample(self, prompts: list[list[int]], g: Any, n_done: int, limit: int | None, most: int,
+                answers: tuple[list[list[int]], list[int]] | None = None) -> tuple[list[list[int]], list[list[float]]]:
         """One ``generate`` call continuing answers that have ``n_done`` tokens, up to ``most`` tokens in
-        all; it stops early (for every row) when a weight update is pending or after ``limit`` new tokens."""
+        all; it stops early (for every row) when a weight update is pending or after ``limit`` new tokens.
+        ``answers``: with stop strings, each row's answer so far and cap; a row then ends (and is padded)
+        once its answer holds a stop string."""
         pad = self.tokenizer.pad_token_id
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), pad, dtype=torch.long)
@@ -238,8 +292,14 @@ class HFEngine:
         kwargs = dict(do_sample=not g.greedy, max_new_tokens=most - n_done,
                       min_new_tokens=max(0, min(g.min_new_tokens, most) - n_done), eos_token_id=self.stop_ids(g),
                       pad_token_id=pad, logits_processor=LogitsProcessorList([recorder]))
+        criteria = []
         if self.stoppable or limit is not None:
-            kwargs["stopping_criteria"] = StoppingCriteriaList([_StopEarly(self, width, limit)])
+            criteria.append(_StopEarly(self, width, limit))
+        if answers is not None:
+            criteria.append(_StopStrings(self.tokenizer, stop_strings(g), *answers, width, set(self.stop_ids(g)),
+                                         g.min_new_tokens))
+        if criteria:
+            kwargs["stopping_criteria"] = StoppingCriteriaList(criteria)
         if not g.greedy:
             kwargs.update(temperature=g.temperature, top_p=g.top_p if g.top_p < 1 else None,
                           top_k=g.top_k if 0 < g.top_k < vocab else None)

@@ -13,6 +13,10 @@ renormalised distribution the token was actually drawn from (the ``hf`` backend 
 before truncation). Greedy decoding (``gconfig.greedy``) records temperature-1 logprobs, like
 the ``hf`` backend.
 
+Stop strings (``gconfig.stop``) are checked by this backend, not by vLLM, whose engine here has no
+tokenizer: a ``generate`` call with stop strings drives the engine step by step, and answers are cut
+by ``stops.py`` exactly as the ``hf`` backend cuts them (``VLLMEngine._generate_in_steps``).
+
 By default the engine runs inside the trainer's process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
 unless that variable is already set), so weights are passed as tensors without a copy through
 another process, and sampling draws from the process's global torch generator: a run is
@@ -42,6 +46,7 @@ import torch
 
 from ..errors import UserError
 from .limits import new_token_caps, positions_of
+from .stops import may_have_stopped, stop_at, stop_strings
 from .types import Generation
 from .weights import WeightGate
 
@@ -236,7 +241,7 @@ class VLLMEngine:
         if not prompts:
             return []
         caps = new_token_caps([len(p) for p in prompts], gconfig, self.max_positions)
-        if self.gate.interruptible:
+        if self.gate.interruptible or stop_strings(gconfig):
             return self._generate_in_steps(prompts, gconfig, caps)
         with self.gate.generating() as version:
             outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts],
@@ -252,41 +257,76 @@ class VLLMEngine:
         return gens
 
     def _generate_in_steps(self, prompts: list[list[int]], g: Any, caps: list[int]) -> list[Generation]:
-        """Drive the engine step by step; a pending update aborts the requests in flight, and their
-        answers are resubmitted (prompt plus tokens so far) once the new weights are in."""
+        """Drive the engine step by step; a pending update (interruptible engines) aborts the requests in
+        flight, and their answers are resubmitted (prompt plus tokens so far) once the new weights are in.
+
+        Stop strings (``gconfig.stop``) are checked here, not by vLLM: the engine runs without a tokenizer
+        (``skip_tokenizer_init``, ``detokenize=False``), and vLLM checks stop strings only on text it
+        decodes itself. After each step the new tokens of every answer go through ``stops.py``'s filter;
+        an answer that holds a stop string is cut after the token that completes it and its request is
+        aborted, and every answer that ends otherwise is checked once more in full, so the cut is exactly
+        that of the ``hf`` backend."""
+        strings = stop_strings(g)
         ids: list[list[int]] = [[] for _ in prompts]
         logps: list[list[float]] = [[] for _ in prompts]
         versions: list[list[int]] = [[] for _ in prompts]
         truncated = [False] * len(prompts)
         todo = set(range(len(prompts)))
+        cached: dict[str, int] = {}
         engine = self.llm.llm_engine
+
+        def cut_at_stop(i: int) -> bool:
+            """Cut answer ``i`` after the token that completes a stop string; whether it holds one."""
+            keep = stop_at(self.tokenizer, ids[i], strings, min_tokens=g.min_new_tokens)
+            if keep is None:
+                return False
+            ids[i], logps[i], versions[i] = ids[i][:keep], logps[i][:keep], versions[i][:keep]
+            truncated[i] = False
+            return True
+
         while todo:
             with self.gate.generating() as version:
                 live: dict[str, int] = {}  # request id -> answer
-                internal: list[str] = []  # the engine's own ids of the same requests (for aborting)
+                internal: dict[str, str] = {}  # request id -> the engine's own id of it (for aborting)
                 for i in sorted(todo):
                     params = self.sampling_params(g, len(ids[i]), caps[i])
                     params.output_kind = self._delta
                     rid = f"areal-{next(self._request_ids)}"
-                    internal.append(engine.add_request(rid, {"prompt_token_ids": list(prompts[i]) + ids[i]}, params))
+                    internal[rid] = engine.add_request(rid, {"prompt_token_ids": list(prompts[i]) + ids[i]}, params)
                     live[rid] = i
                 while live and not self.gate.pending():
+                    grown: list[tuple[str, int, int]] = []  # (request id, answer, its first new token)
                     for out in engine.step():
                         i = live.get(out.request_id)
                         if i is None:
                             continue
                         c = out.outputs[0]
                         new = list(c.token_ids)
+                        grown.append((out.request_id, i, len(ids[i])))
                         ids[i] += new
                         logps[i] += [float(d[t].logprob) for d, t in zip(c.logprobs or [], new)]
                         versions[i] += [version] * len(new)
+                        cached[out.request_id] = out.num_cached_tokens or 0
                         if out.finished:
                             truncated[i] = c.finish_reason == "length"
                             todo.discard(i)
                             del live[out.request_id]
+                            if strings:
+                                cut_at_stop(i)
+                    if strings:
+                        running = [(rid, i, k) for rid, i, k in grown if rid in live]
+                        maybe = may_have_stopped(self.tokenizer, [ids[i] for _, i, _ in running],
+                                                 [k for _, _, k in running], strings)
+                        ended = [rid for (rid, i, _), m in zip(running, maybe) if m and cut_at_stop(i)]
+                        if ended:
+                            engine.abort_request([internal[rid] for rid in ended], internal=True)
+                            for rid in ended:
+                                todo.discard(live.pop(rid))
                 if live:  # an update is pending: stop here, continue under the new weights
-                    engine.abort_request(internal, internal=True)
+                    engine.abort_request([internal[rid] for rid in live], internal=True)
                     self.interruptions += 1
+        if not self.gate.interruptible:  # one submission per answer: its prompt tokens found in the prefix cache
+            self.cached_prompt_tokens = sum(cached.values())
         return [Generation(ids[i], logps[i], truncated=truncated[i], versions=versions[i]) for i in range(len(prompts))]
 
     # -- lifetime ---------------------------------------------------------------------------------

@@ -198,6 +198,40 @@ def test_sampling_is_seeded_and_top_k_one_is_greedy(setup):
     assert all(abs(v) < 1e-6 for x in top1 for v in x.logprobs)  # the truncated distribution has one token
 
 
+@pytest.mark.parametrize("interruptible", [False, True])
+def test_greedy_stop_strings_end_answers_as_in_transformers(setup, interruptible):
+    """Stop strings (checked by the backend, not by vLLM): an answer ends at the token that completes one,
+    not truncated, as the hf engine ends it."""
+    from areal_trainer.rollout.stops import stop_at, text_of
+
+    model, tok, engine, prompts = setup
+    engine.update_weights(model, engine.version + 1)
+    hf = HFEngine(model, tok, device=CPU)
+    plain = GenerationHyperparameters(max_new_tokens=16, greedy=True)
+    ref = hf.generate(prompts, plain)
+    stops = [s for s in (text_of(tok, ref[0].output_ids[3:5]).strip(), text_of(tok, ref[1].output_ids[1:2]).strip())
+             if s]
+    engine.gate.interruptible = interruptible
+    try:
+        for g in (GenerationHyperparameters(max_new_tokens=16, greedy=True, stop=stops),
+                  GenerationHyperparameters(max_new_tokens=16, greedy=True, stop=stops, min_new_tokens=4)):
+            want, got = hf.generate(prompts, g), engine.generate(prompts, g)
+            for p, r, w, x in zip(prompts, ref, want, got):
+                assert len(x.output_ids) == len(x.logprobs) == len(x.versions)
+                assert _agree_up_to_ties(model, p, w.output_ids, x.output_ids), (w, x)
+                if w.output_ids == x.output_ids:
+                    assert w.truncated == x.truncated
+                    assert max(abs(a - b) for a, b in zip(w.logprobs, x.logprobs)) <= 1e-4
+                if r.output_ids == x.output_ids[:len(r.output_ids)] or x.output_ids == r.output_ids[:len(x.output_ids)]:
+                    keep = stop_at(tok, r.output_ids, stops, min_tokens=g.min_new_tokens)
+                    assert x.output_ids == (r.output_ids[:keep] if keep else r.output_ids)
+                    assert x.truncated == (keep is None and r.truncated)
+            keep = stop_at(tok, ref[0].output_ids, stops, min_tokens=g.min_new_tokens)
+            assert keep is not None and got[0].output_ids == ref[0].output_ids[:keep] and not got[0].truncated
+    finally:
+        engine.gate.interruptible = False
+
+
 @pytest.mark.slow
 def test_multiprocess_engine_syncs_weights_as_bytes(vllm_mod, monkeypatch):
     """With vLLM's engine in its own processes, weights travel as one safetensors blob."""
