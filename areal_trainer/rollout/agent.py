@@ -27,8 +27,10 @@ has no rows; a group none of whose episodes made a call gets one untrained row (
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import inspect
 import os
+import threading
 import traceback
 from dataclasses import dataclass
 from typing import Any
@@ -104,6 +106,33 @@ def load_agent(path: Any, kwargs: dict, key: str = "rollout.agent") -> AgentSpec
     return AgentSpec(str(path), target, is_class, style, is_async, dict(kwargs))
 
 
+class DaemonExecutor(concurrent.futures.ThreadPoolExecutor):
+    """Runs each call in a daemon thread of its own, and never waits for them at shutdown.
+
+    Plain ``def`` agents, sync tools and engine calls run in worker threads. A thread cannot be
+    stopped, so one that never returns (an agent past its timeout, a hung tool) is abandoned: the
+    standard executor would make the end of every rollout call, and the process's exit, wait for it.
+    (A ``ThreadPoolExecutor`` only because asyncio accepts no other default executor; its pool is unused.)
+    """
+
+    def submit(self, fn, /, *args, **kwargs) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+
+        def work() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                future.set_result(fn(*args, **kwargs))
+            except BaseException as e:  # noqa: BLE001 - handed to whoever awaits the future
+                future.set_exception(e)
+
+        threading.Thread(target=work, name="areal-agent-worker", daemon=True).start()
+        return future
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Nothing to wait for: the threads are daemons, and a finished one has already ended."""
+
+
 @dataclass
 class _Outcome:
     session: EpisodeSession
@@ -145,7 +174,9 @@ class AgentWorkflow:
     # -- one rollout call -------------------------------------------------------------------------
     def rollout(self, samples: list[dict], gconfig: Any) -> list[TrajectoryGroup]:
         """One group per sample (``gconfig.n_samples`` episodes each), in order."""
-        return asyncio.run(self._rollout(samples, gconfig))
+        with asyncio.Runner() as runner:
+            runner.get_loop().set_default_executor(DaemonExecutor())
+            return runner.run(self._rollout(samples, gconfig))
 
     async def _rollout(self, samples: list[dict], gconfig: Any) -> list[TrajectoryGroup]:
         g = gconfig.n_samples

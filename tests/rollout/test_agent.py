@@ -249,3 +249,22 @@ def test_an_agent_without_the_contract_is_refused_naming_the_key(path, match):
 def test_agent_kwargs_that_do_not_fit_are_refused():
     with pytest.raises(PluginError, match="rollout.agent_kwargs: colour"):
         load_agent("tests.rollout.test_agent.slow", {"colour": 1})
+
+
+def stuck_sync_agent(data, *, client):
+    client.chat.completions.create(model="m", messages=data["messages"])
+    if data["id"] == 0:
+        import time
+        time.sleep(30)  # a thread cannot be cancelled: the episode is abandoned at its timeout
+    return 1.0
+
+
+def test_a_plain_def_agent_past_its_timeout_does_not_hold_up_the_rollout(tok):
+    import time
+
+    wf = _workflow(Scripted(tok, "7"), tok, "tests.rollout.test_agent.stuck_sync_agent", timeout=0.5)
+    t0 = time.monotonic()
+    groups = wf.rollout(_samples(2), GenerationHyperparameters(n_samples=1, max_new_tokens=4))
+    assert time.monotonic() - t0 < 10
+    assert [g["rewards"].tolist() for g in groups] == [[-1.0], [1.0]]
+    assert groups[0].stats["agent/timeouts"].value == 1
