@@ -227,9 +227,16 @@ class AgentWorkflow:
         from .server import EndpointServer, LoopHandler  # the HTTP stack loads only for http agents
 
         if self.server is None:
-            self.server = EndpointServer()
-            self.server.start()
+            server = EndpointServer()
+            server.start()  # kept only once it listens, so no episode gets a key to a dead server
+            self.server = server
         return self.server.open_episode(LoopHandler(session, asyncio.get_running_loop()))
+
+    def close(self) -> None:
+        """Stop the HTTP endpoint, if one was started (the trainer calls this when the run ends)."""
+        if self.server is not None:
+            server, self.server = self.server, None
+            server.stop()
 
     async def _call(self, session: EpisodeSession, data: dict, key: str | None) -> Any:
         run = self.instance.run if self.instance is not None else self.agent.target

@@ -168,7 +168,7 @@ class EpisodeSession:
                                            list(gen.versions), bool(gen.truncated)))
             choices.append(self._choice(i, gen, request))
         return ChatCompletion(id=cid, model=request.model or self.model_name, choices=choices,
-                              usage=CompletionUsage(prompt_tokens=len(prompt) * request.n,
+                              usage=CompletionUsage(prompt_tokens=len(prompt),  # once for all n, as OpenAI counts
                                                     completion_tokens=sum(len(x.output_ids) for x in gens)))
 
     def _choice(self, index: int, gen, request: ChatRequest) -> Choice:

@@ -5,8 +5,10 @@ would to OpenAI. Each episode gets its own random key from ``open_episode(handle
 both authenticates and routes, so concurrent episodes never see each other's requests, and a key
 stops working at ``close_episode`` (401), which cuts off an agent that outlives its episode.
 ``POST /rl/set_reward`` lets the agent report a reward (``{"completion_id": ..., "reward": ...}``,
-or without the id for the episode's last call); ``GET /v1/models`` lists one model, ``policy``,
-but any model name is accepted in requests.
+or without the id for the episode's last call); it is served under ``/v1`` too, because clients
+join paths to ``base_url`` (the ``openai`` client's ``client.post("/rl/set_reward", ...)`` requests
+``/v1/rl/set_reward``). ``GET /v1/models`` lists one model, ``policy``, but any model name is
+accepted in requests.
 
 Threads and loops. The server (FastAPI on uvicorn) runs its own event loop in a daemon thread
 named ``areal-endpoint-<port>``. A handler's methods are called there: a coroutine function is
@@ -51,7 +53,7 @@ logger = logging.getLogger(__name__)
 
 MODEL_ID = "policy"
 GRACE_S = 3  # how long stop() lets requests in flight finish
-_ROUTES = "POST /v1/chat/completions, GET /v1/models and POST /rl/set_reward"
+_ROUTES = "POST /v1/chat/completions, GET /v1/models and POST /v1/rl/set_reward (or /rl/set_reward)"
 
 
 class ChatHandler(Protocol):
@@ -226,6 +228,7 @@ class EndpointServer:
         app.add_api_route("/v1/chat/completions", self._chat, methods=["POST"])
         app.add_api_route("/v1/models", self._models, methods=["GET"])
         app.add_api_route("/rl/set_reward", self._set_reward, methods=["POST"])
+        app.add_api_route("/v1/rl/set_reward", self._set_reward, methods=["POST"])
         return app
 
     async def _http_error(self, request: Request, exc: Exception) -> JSONResponse:

@@ -1,0 +1,126 @@
+"""The HTTP agent example (``examples/agents/http_agent``): every episode is a process of its own that
+talks to the trainer's endpoint with the ``openai`` package. Through the real command line, and its
+``run`` directly: a finished episode gives its reward, a failing one raises with its stderr, a
+cancelled one is killed."""
+
+import asyncio
+import json
+import os
+import uuid
+
+import openai
+import pytest
+import torch
+
+from areal_trainer.config.sampling import GenerationHyperparameters
+from areal_trainer.model.builtin import build_model, build_tokenizer
+from areal_trainer.rollout.agent_client import EpisodeSession
+from areal_trainer.rollout.batcher import GenerationBatcher
+from areal_trainer.rollout.engine import HFEngine
+from areal_trainer.rollout.server import EndpointServer, LoopHandler
+from areal_trainer.rollout.tool_parsers import get_parser
+from examples.agents.http_agent import agent, episode
+
+from .helpers import cli
+
+ARGS = ["--config-name", "grpo", "+scale=tiny", "sft_warmup.steps=2", "total_train_steps=2",
+        "rollout.agent=examples.agents.http_agent.agent.run", "valid_dataset.max_rows=4", "evaluator.freq_steps=2"]
+ROW = {"question": "Tom has 3 apples. Tom buys 4 more. How many apples does Tom have now?",
+       "answer": "3 + 4 = 7\n#### 7",
+       "messages": [{"role": "user", "content": "Tom has 3 apples. Tom buys 4 more. How many apples does Tom have now?"}]}
+
+
+def _processes_with(marker: str) -> list[int]:
+    """Live processes whose environment holds ``marker``."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if marker.encode() in f.read():
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+def test_the_http_agent_example_trains_from_the_command_line(tmp_path):
+    marker = uuid.uuid4().hex
+    cli([*ARGS, "trial_name=t"], cwd=tmp_path, env={"AREAL_TEST_MARK": marker})
+    with open(tmp_path / "outputs" / "grpo" / "t" / "metrics.jsonl") as f:
+        records = {r["step"]: r for r in map(json.loads, f) if "agent/episodes" in r}
+    assert sorted(records) == [1, 2]
+    for r in records.values():
+        assert r["agent/episodes"] == 4 and r["agent/errors"] == 0 and r["agent/timeouts"] == 0
+        assert r["agent/episodes"] <= r["agent/calls"] <= 2 * r["agent/episodes"]
+    assert records[2]["eval/agent/episodes"] == 4 and records[2]["eval/agent/errors"] == 0
+    # The trainer and its server thread are gone, and no episode process outlived them.
+    assert _processes_with(marker) == []
+
+
+@pytest.fixture(scope="module")
+def endpoint():
+    tok = build_tokenizer()
+    engine = HFEngine(build_model("builtin:tiny", tok, seed=0).eval(), tok, device=torch.device("cpu"))
+    with EndpointServer() as server:
+        yield server, tok, engine
+
+
+async def _episode(endpoint, call):
+    """``call(base_url, key)`` in an episode of the endpoint; the session and the result."""
+    server, tok, engine = endpoint
+    batcher = GenerationBatcher(engine)
+    session = EpisodeSession(episode=0, tokenizer=tok, batcher=batcher, parser=get_parser("hermes"),
+                             gconfig=GenerationHyperparameters(max_new_tokens=6, max_tokens=128))
+    key = server.open_episode(LoopHandler(session, asyncio.get_running_loop()))
+    try:
+        return session, await call(server.base_url, key)
+    finally:
+        server.close_episode(key)
+        await batcher.close()
+
+
+def test_an_episode_process_answers_in_one_or_two_calls_and_prints_its_reward(endpoint):
+    session, reward = asyncio.run(_episode(endpoint, lambda url, key: agent.run(ROW, base_url=url, api_key=key)))
+    tok = endpoint[1]
+    assert len(session.records) in (1, 2) and (reward == 1.0 or len(session.records) == 2)
+    last = tok.decode(session.records[-1].output_ids, skip_special_tokens=True)
+    assert reward == float(episode.final_number(last) == "7")
+    if len(session.records) == 2:  # the second call saw the first answer and the feedback
+        assert session.records[1].prompt_ids[:len(session.records[0].prompt_ids)] == session.records[0].prompt_ids
+
+
+def test_a_failing_episode_process_raises_with_its_stderr(endpoint):
+    async def wrong_key(url, key):
+        return await agent.run(ROW, base_url=url, api_key=key + "-wrong")
+
+    with pytest.raises(RuntimeError, match=r"(?s)episode exited with 1.*AuthenticationError.*Invalid API key"):
+        asyncio.run(_episode(endpoint, wrong_key))
+
+
+def test_an_episode_process_without_a_reward_line_raises(endpoint, monkeypatch):
+    monkeypatch.setattr(agent, "EPISODE", "json.tool")  # echoes stdin: exit 0, but no number
+    with pytest.raises(RuntimeError, match="printed no reward"):
+        asyncio.run(_episode(endpoint, lambda url, key: agent.run(ROW, base_url=url, api_key=key)))
+
+
+def test_a_cancelled_episode_kills_its_process(endpoint, monkeypatch):
+    marker = uuid.uuid4().hex
+    monkeypatch.setenv("AREAL_TEST_MARK", marker)
+
+    async def cancelled(url, key):
+        task = asyncio.ensure_future(agent.run(ROW, base_url=url, api_key=key))
+        while not _processes_with(marker):
+            await asyncio.sleep(0.01)
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(task, 0.05)
+        return _processes_with(marker)
+
+    _, left = asyncio.run(_episode(endpoint, cancelled))
+    assert left == []
+
+
+def test_the_episode_reads_the_endpoint_from_the_environment(monkeypatch):
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    client = openai.OpenAI(max_retries=0)
+    assert str(client.base_url) == "http://127.0.0.1:9/v1/" and client.api_key == "sk-test"
