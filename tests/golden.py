@@ -87,8 +87,9 @@ def _logp(record: dict, value: float) -> float:
 
 def _advantage(record: dict, value: float) -> float:
     """A policy loss is a mean of advantage-weighted terms (ratios, gates, CISPO's weighted log-probs):
-    their size is the mean absolute advantage times a log-probability."""
-    return record.get("advantage/abs_mean", 1.0) * _logp(record, value)
+    their size is the mean absolute advantage times a log-probability. With a teacher the distillation
+    term adds terms of the size of the teacher's log-probs (absent without one: nothing changes)."""
+    return (record.get("advantage/abs_mean", 1.0) + abs(record.get("distill/teacher_logp", 0.0))) * _logp(record, value)
 
 
 def _returns(record: dict, value: float) -> float:
@@ -117,12 +118,14 @@ RULES: list[tuple[tuple[str, ...], Rule]] = [
     (("step", "data/prompt_ids", "lr", "sft/steps", "*n_valid_tokens", "*/normalizer", "*/normalizer_used/max",
       "rollout/*", "reward/correct_frac", "*reward/errors", "*reward/timeouts", "*reward/worker_deaths",
       "*reward/nonfinite", "*reward/none", "*reward/all_none", "*skipped_steps", "*update/tokens",
-      "eval/accuracy", "staleness/*", "actor/staleness*", "*clip_frac*", "*masked_frac", "actor/prox_nonfinite_frac"),
+      "eval/accuracy", "staleness/*", "actor/staleness*", "*clip_frac*", "*masked_frac", "actor/prox_nonfinite_frac",
+      "distill/teacher_rows/*"),
      EXACT),
     (("actor/token_loss", "update/loss", "advantage/mean"),
      Rule(64, _advantage, "a mean of advantage-weighted terms that nearly cancel: absolute, scaled by the terms")),
     (("actor/approx_kl", "actor/behave_approx_kl", "mismatch/*", "advantage/kl_reward", "actor/importance_ratio/*",
-      "actor/behave_ratio/*", "actor/behave_weight*", "actor/cispo/weight", "actor/sapo/*"),
+      "actor/behave_ratio/*", "actor/behave_weight*", "actor/cispo/weight", "actor/sapo/*", "distill/reverse_kl",
+      "distill/token_loss", "distill/is_weight"),
      Rule(64, _logp, "exp or mean of log-prob differences: absolute, scaled by a log-prob (a max over tokens "
                      "picks the noisiest)")),
     (("critic/value/mean", "critic/old_value/mean", "critic/residual/mean", "critic/return/mean"),
@@ -130,7 +133,8 @@ RULES: list[tuple[tuple[str, ...], Rule]] = [
     (("critic/explained_variance*",),
      Rule(64, _unit, "1 - var(residual)/var(return), near 0: absolute, the terms are of order 1")),
     (("actor/entropy", "*grad_norm", "sft/loss", "critic/value_loss", "critic/update/loss", "*/sq_mean",
-      "advantage/abs_mean", "reward/task", "reward/sampled", "eval/reward", "reward/*", "eval/reward/*"),
+      "advantage/abs_mean", "reward/task", "reward/sampled", "eval/reward", "reward/*", "eval/reward/*",
+      "distill/teacher_logp"),
      Rule(64, _itself, "a mean of rewards, a loss or a norm, bounded away from zero: relative")),
 ]
 
@@ -234,9 +238,16 @@ def has_critic(algo: str) -> bool:
         return "critic:" in f.read()
 
 
+def has_teacher(algo: str) -> bool:
+    conf = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf", "algo", f"{algo}.yaml")
+    with open(conf) as f:
+        return "teacher:" in f.read()
+
+
 def sharing_off(algo: str) -> list[str]:
     """The records come from the unshared forward (shared-prefix training sums in another order)."""
-    return ["actor.enable_tree_training=false"] + (["critic.enable_tree_training=false"] if has_critic(algo) else [])
+    return ["actor.enable_tree_training=false"] + (["critic.enable_tree_training=false"] if has_critic(algo) else []) \
+        + (["teacher.enable_tree_training=false"] if has_teacher(algo) else [])
 
 
 def run_presets(cwd, *, shared: bool, algos: list[str] | None = None, env: dict | None = None,

@@ -403,3 +403,20 @@ def nan_when_asked(x) -> SurrogateResult:
 def crashing_filter(group) -> bool:
     """A dynamic filter with a bug: the run crashes with a traceback."""
     return 1 / 0 > 0
+
+
+# -- on-policy distillation --------------------------------------------------------------------------
+def never_called_reward(prompt, completion, answer) -> float:
+    """Pure distillation must never call the reward: this one fails every call (the run then stops)."""
+    raise RuntimeError("the reward was called during pure distillation")
+
+
+def mopd_replacement(inputs) -> AdvantageResult:
+    """A full advantage replacement that owns alignment, MOPD's behaviour log-probs included."""
+    from areal_trainer.advantage.align import aligned_mask, old_logprobs
+    from areal_trainer.advantage.distill import mopd_behavior_logprobs
+
+    m = aligned_mask(inputs.data["loss_mask"])
+    extras = {"mopd_behavior_logprobs": mopd_behavior_logprobs(inputs.data, m)} if inputs.mopd else {}
+    return _result(inputs, loss_mask=m, logprobs=old_logprobs(inputs.old_logprobs, inputs.data, m),
+                   advantages=m.clone(), extras=extras)

@@ -240,6 +240,9 @@ class AdvantageInputs:
             from and the loss's behaviour policy: the trainer passes what ``train/policies.py``
             chose (the engine's logprobs, or their recomputation with ``recompute_logprob`` and no
             decoupled loss). None: the behaviour ``logprobs`` of ``data``, aligned.
+        mopd: MOPD (multi-teacher distillation, ``teacher``) is on: the result must carry
+            ``extras["mopd_behavior_logprobs"]``, the rollout's ``logprobs`` rolled into alignment and masked
+            (``advantage.distill.mopd_behavior_logprobs``); a full replacement stores them itself.
     """
 
     data: Mapping[str, Any]
@@ -249,6 +252,7 @@ class AdvantageInputs:
     prm_params: Mapping[str, float] | None = None
     all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
     old_logprobs: torch.Tensor | None = None
+    mopd: bool = False
 
 
 @dataclass(frozen=True)

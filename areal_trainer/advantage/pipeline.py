@@ -33,6 +33,7 @@ from .datatypes import (
     ProcessAdvantageInputs,
     TemporalInputs,
 )
+from .distill import mopd_behavior_logprobs
 from .normalize import normalize
 from .process import PROCESS_FUNCTIONS, check_process_mode, gvpo_params, split_token_rewards
 from .reward import normalize_rewards, overlong_penalty, place_outcome, scale_bias_clip
@@ -155,6 +156,8 @@ def run_default(inputs: AdvantageInputs, stages: Stages) -> AdvantageResult:
     extras = {"is_truncated": truncated, "input_token_loss_mask": data["loss_mask"]}
     if ref is not None:
         extras["ref_logp"] = ref
+    if inputs.mopd:
+        extras["mopd_behavior_logprobs"] = mopd_behavior_logprobs(data, m)
     return AdvantageResult(
         advantages=adv, returns=est.returns.float(), loss_mask=m, logprobs=old, outcome_rewards=scores,
         total_rewards=est.total_rewards.float(), kl_rewards=kl, extras=extras,

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..errors import PluginOutputError
 from .datatypes import AdvantageInputs, AdvantageResult
 from .estimators import token_gae, turn_gae
 from .pipeline import Stages, check_data
@@ -57,6 +58,11 @@ class AdvantageFn:
         result = self._run(inputs)
         check_unmodified(self.label, inputs.data, before)
         check_result(result, label=self.label, shape=(n_rows, width), device=device, trusted=self.stages is not None)
+        if inputs.mopd and "mopd_behavior_logprobs" not in result.extras:
+            raise PluginOutputError(
+                f"{self.label}: MOPD is on (teacher), so the result must carry extras['mopd_behavior_logprobs']: the "
+                "rollout's logprobs rolled left by one and masked, detached (areal_trainer.advantage.distill."
+                "mopd_behavior_logprobs(inputs.data, loss_mask)); MOPD's IS weight is taken against them.")
         return result
 
     def __repr__(self) -> str:

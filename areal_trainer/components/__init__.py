@@ -28,6 +28,7 @@ from ..config.validate import collect
 from ..loss import PolicyPlan
 from ..plugins import PluginError
 from .advantage import bind_advantage
+from .distill import DistillSpec, bind_distill, wrap_loss
 from .loss import bind_policy_loss, policy_plan
 from .reward import RewardSpec, bind_reward
 from .rollout import RolloutParts, bind_rollout
@@ -44,6 +45,7 @@ class Components:
         plan: which log-probabilities a step computes (behaviour, proximal, recomputed).
         reward: the reward sources (functions, model, service) and how they combine; started by the run.
         rollout: the engine's registry entry, the workflow class and the dynamic filter.
+        distill: see the attribute.
         valid_dataset: ``valid_dataset`` with train_dataset's prompt keys where its own are null, or None.
         warnings: what the checks found worth saying (issued by :func:`build` as ``UserWarning``).
     """
@@ -56,6 +58,9 @@ class Components:
     rollout: RolloutParts
     valid_dataset: DatasetConfig | None
     warnings: tuple[str, ...] = field(default_factory=tuple)
+    distill: DistillSpec | None = None
+    """The teachers of on-policy distillation and how their term enters (None without ``teacher``); ``loss``
+    then already holds the distillation term."""
 
 
 def _bind(fn: Callable, *args, problems: list[str]):
@@ -73,11 +78,12 @@ def problems_and_build(cfg: TrainerConfig) -> tuple[list[str], list[str], Compon
     rollout = bind_rollout(cfg, problems)
     advantage = _bind(bind_advantage, cfg.actor, problems=problems)
     loss = _bind(bind_policy_loss, cfg.actor, problems=problems)
+    distill = bind_distill(cfg, problems)
     if problems:
         return problems, warns, None
     valid = cfg.valid_dataset.inheriting(cfg.train_dataset) if cfg.valid_dataset is not None else None
-    return [], warns, Components(cfg, advantage, loss, policy_plan(cfg.actor), reward, rollout, valid,
-                                 tuple(warns))
+    return [], warns, Components(cfg, advantage, wrap_loss(loss, distill, cfg.actor), policy_plan(cfg.actor), reward,
+                                 rollout, valid, tuple(warns), distill)
 
 
 def build(cfg: TrainerConfig) -> Components:

@@ -19,6 +19,8 @@ def _singleton_group_problems(cfg: TrainerConfig) -> tuple[list[str], list[str]]
     replaced = adv.compute is not None and adv.compute.implementation not in ("default", "auto")
     if cfg.gconfig.n_samples != 1 or replaced:
         return [], []  # several answers per prompt, or an advantage computation that may not use the norms
+    if cfg.teacher is not None and cfg.teacher.pure:
+        return [], []  # pure distillation computes no reward and no advantage: the norms never run
     own_baseline = adv.group_baseline is not None and adv.group_baseline.implementation != "auto"
     # Without a critic, KL term or discount, an answer's advantage is the same at every token: centring
     # it by its own mean (adv_norm at group level) leaves 0, as centring its reward (reward_norm) does.

@@ -49,6 +49,8 @@ SAFE: dict[str, str] = {
     "reward.url_max_concurrent": "how the scoring service is called",
     "reward.url_batch_size": "how the scoring service is called",
     "reward.model.micro_batch_size": "how the reward model's batches are cut",
+    "teacher.mb_spec": "how the teacher's forward is cut into micro-batches for memory",
+    "teacher.device": "where the same teacher runs",
 }
 """Keys a resume may change: the new value is used from the resumed step on."""
 
@@ -58,6 +60,8 @@ REFUSED: dict[str, str] = {
     "actor": "the policy model or its training algorithm",
     "critic": "the critic",
     "ref": "the reference policy",
+    "teacher": "the teacher or the distillation objective (the checkpoint holds no teacher: its path and settings "
+               "decide what the resumed run distils from)",
     "gconfig": "how answers are sampled (group size, length, temperature)",
     "train_dataset": "the training data and its order, or the batch size",
     "tokenizer_path": "the tokenizer",

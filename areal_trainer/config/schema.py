@@ -16,6 +16,7 @@ from .data import DatasetConfig
 from .launch import ClusterConfig, ParallelConfig, SchedulerConfig
 from .rollout import RewardConfig, RolloutConfig
 from .sampling import GenerationHyperparameters
+from .teacher import TeacherConfig
 
 __all__ = ["DatasetConfig", "GenerationHyperparameters", "TrainerConfig"]
 
@@ -60,6 +61,9 @@ class TrainerConfig(Checked):
     ``dtype`` are read (the same path as ``actor.path``: a copy of the policy as RL starts)."""
     critic: Optional[PPOCriticConfig] = None
     """The value model of PPO's GAE (null: no critic, as in GRPO)."""
+    teacher: Optional[TeacherConfig] = None
+    """On-policy distillation: a frozen teacher (or several, MOPD) scores the student's sampled tokens
+    (null: no teacher). See docs/distillation.md."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     sft_warmup: SFTWarmupConfig = field(default_factory=SFTWarmupConfig)

@@ -14,7 +14,7 @@ import typing
 
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from .schema import TrainerConfig
 
@@ -40,6 +40,18 @@ def _null_section_class(node):
     return args[0] if dataclasses.is_dataclass(args[0]) else None
 
 
+def _new_dict_element(parent, name: str) -> bool:
+    """Create ``parent[name]`` with its dataclass defaults when ``parent`` is a ``Dict[str, <dataclass>]``
+    (``teacher.teachers``) that lacks it: OmegaConf 2.3 refuses to create one from a plain dict, so
+    ``teacher.teachers.math.path=x`` would fail. Returns whether it did."""
+    element = getattr(parent._metadata, "element_type", None) if isinstance(parent, DictConfig) else None
+    if name in parent or not dataclasses.is_dataclass(element) or parent._is_none():
+        return False
+    with open_dict(parent):  # Hydra composes in struct mode: a new key needs the flag lifted
+        parent[name] = OmegaConf.structured(element)
+    return True
+
+
 def fill_null_sections(cfg: DictConfig, key: str, value) -> None:
     """Replace every null structured section on the path of ``key`` (including ``key`` itself when a
     dict is merged into it) by its dataclass defaults."""
@@ -48,6 +60,8 @@ def fill_null_sections(cfg: DictConfig, key: str, value) -> None:
     for i in range(1, upto + 1):
         prefix = ".".join(parts[:i])
         parent = OmegaConf.select(cfg, ".".join(parts[: i - 1])) if i > 1 else cfg
+        if isinstance(parent, DictConfig) and _new_dict_element(parent, parts[i - 1]):
+            continue
         if not isinstance(parent, DictConfig) or parts[i - 1] not in parent:
             break
         cls = _null_section_class(parent._get_node(parts[i - 1]))

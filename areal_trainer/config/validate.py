@@ -98,4 +98,6 @@ def _local_paths(cfg: TrainerConfig) -> list[tuple[str, str]]:
         section = getattr(cfg, name)
         if section is not None:
             found.append((f"{name}.path", section.path))
+    if cfg.teacher is not None:
+        found += cfg.teacher.model_paths()
     return [(k, v) for k, v in found if isinstance(v, str) and v.startswith((".", "/", "~"))]

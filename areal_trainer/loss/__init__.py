@@ -38,10 +38,13 @@ actually applied; the global one when the trainer passes it), ``token_loss``,
 ``rejection/masked_frac`` or ``rejection/clamped_frac``, ``behave_weight``,
 ``behave_weight/{min,max}``; ``entropy``; ``staleness``, ``staleness/max`` (with versions);
 ``prox_approx/alpha`` and ``prox_approx/<method>/{abs_err,rel_err,sq_err,weight_abs_err}``.
-Critic keys: see :func:`value_loss`.
+Critic keys: see :func:`value_loss`. With a teacher (:class:`DistillLoss`): ``distill/n_valid_tokens``,
+``distill/reverse_kl``, ``distill/teacher_logp``, ``distill/token_loss``, and with MOPD ``distill/is_weight``,
+``distill/is_clip_frac``.
 """
 
 from .aggregate import AGGREGATIONS, LOSS_AGG_MODES, aggregate_loss, loss_normalizer
+from .distill import DistillLoss
 from .m2po import m2po_mask
 from .policy import BoundSurrogate, PolicyLoss, RejectionSettings, resolve_prox_logp
 from .prox import approximate_prox_logp, version_alpha
@@ -59,7 +62,7 @@ from .surrogate import (
     sapo_gate,
     sapo_surrogate,
 )
-from .types import PolicyLogprobs, PolicyLossInputs, PolicyLossResult, PolicyPlan, Stats
+from .types import PolicyLogprobs, PolicyLossInputs, PolicyLossResult, PolicyPlan, Stats, TeacherLogprobs
 from .value import explained_variance, value_loss
 
 __all__ = [
@@ -68,6 +71,7 @@ __all__ = [
     "RATIOS",
     "SURROGATES",
     "BoundSurrogate",
+    "DistillLoss",
     "PolicyLogprobs",
     "PolicyLoss",
     "PolicyLossInputs",
@@ -79,6 +83,7 @@ __all__ = [
     "Surrogate",
     "SurrogateInputs",
     "SurrogateResult",
+    "TeacherLogprobs",
     "aggregate_loss",
     "apply_rejection_sampling",
     "approximate_prox_logp",

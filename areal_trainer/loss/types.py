@@ -17,6 +17,30 @@ Stats = dict[str, torch.Tensor]
 
 
 @dataclass(frozen=True)
+class TeacherLogprobs:
+    """What the teachers said about the step's sampled tokens, ``[B, S]`` next-token aligned, 0 where not
+    trained (built by ``train/teacher.py``; ``loss/distill.py`` uses it).
+
+    Attributes:
+        logp: ``sum_j w_j log pi_Tj`` of the teachers a row is routed to (one teacher: its log-probs).
+        weight: ``sum_j w_j`` per token (one teacher: 1 on trained tokens); not normalised (MOPD).
+        behavior: MOPD's immutable behaviour log-probs (the rollout's, rolled and masked,
+            ``AdvantageResult.extras["mopd_behavior_logprobs"]``), or None for the single-teacher forms.
+    """
+
+    logp: torch.Tensor
+    weight: torch.Tensor
+    behavior: torch.Tensor | None = None
+
+    def rows(self, idx, width: int | None = None) -> TeacherLogprobs:
+        cols = slice(None) if width is None else slice(0, width)
+
+        def cut(t):
+            return None if t is None else t[idx][:, cols]
+        return TeacherLogprobs(cut(self.logp), cut(self.weight), cut(self.behavior))
+
+
+@dataclass(frozen=True)
 class PolicyLogprobs:
     """The log-probabilities of the two fixed policies of a step, and the versions that tie them to
     the trained one (built by ``train/policies.py``, the one place that decides them).
@@ -31,12 +55,14 @@ class PolicyLogprobs:
         versions: ``[B, S]`` integer policy version of the behaviour token at each position (aligned
             like the logprobs), -1 at prompt and padding positions; or None.
         current_version: the version of pi_theta (an int or a 0-dim tensor), or None.
+        teacher: the teachers' log-probs of on-policy distillation (:class:`TeacherLogprobs`), or None.
     """
 
     behavior: torch.Tensor
     proximal: torch.Tensor | None = None
     versions: torch.Tensor | None = None
     current_version: int | torch.Tensor | None = None
+    teacher: TeacherLogprobs | None = None
 
     @property
     def has_versions(self) -> bool:
@@ -48,7 +74,8 @@ class PolicyLogprobs:
 
         def cut(t):
             return None if t is None else t[idx][:, cols]
-        return PolicyLogprobs(cut(self.behavior), cut(self.proximal), cut(self.versions), self.current_version)
+        return PolicyLogprobs(cut(self.behavior), cut(self.proximal), cut(self.versions), self.current_version,
+                              None if self.teacher is None else self.teacher.rows(idx, width))
 
 
 @dataclass(frozen=True)
@@ -78,6 +105,10 @@ class PolicyLossInputs:
         named = (("policies.behavior", pol.behavior), ("policies.proximal", pol.proximal),
                  ("policies.versions", pol.versions), ("advantages", self.advantages),
                  ("loss_mask", self.loss_mask), ("entropy", self.entropy))
+        if pol.teacher is not None:
+            t = pol.teacher
+            named += (("policies.teacher.logp", t.logp), ("policies.teacher.weight", t.weight),
+                      ("policies.teacher.behavior", t.behavior))
         for name, t in named:
             if t is not None and tuple(t.shape) != shape:
                 raise ValueError(f"{name} has shape {tuple(t.shape)}; expected {shape} like logprobs.")

@@ -32,6 +32,7 @@ asynchronous, by staleness) and the staleness distribution of the trained tokens
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -39,7 +40,7 @@ import torch
 
 from ..advantage import AdvantageResult
 from ..advantage.align import shift_left
-from ..loss import PolicyLogprobs, PolicyPlan
+from ..loss import PolicyLogprobs, PolicyPlan, TeacherLogprobs
 from ..metrics import Max, Mean, Metric
 
 
@@ -77,14 +78,21 @@ def prepare(plan: PolicyPlan, logprobs: torch.Tensor, versions: torch.Tensor,
     return StepLogprobs(behavior, recomputed, aligned_versions(versions), old)
 
 
-def for_loss(plan: PolicyPlan, step: StepLogprobs, adv: AdvantageResult, version: int) -> PolicyLogprobs:
+def for_loss(plan: PolicyPlan, step: StepLogprobs, adv: AdvantageResult, version: int,
+             teacher: TeacherLogprobs | None = None) -> PolicyLogprobs:
     """The loss's policies: pi_old masked by the advantage's loss mask, pi_prox by the plan (or the
-    advantage's own ``extras["prox_logp"]``), versions against the current ``version``."""
+    advantage's own ``extras["prox_logp"]``), versions against the current ``version``; with ``teacher``
+    (on-policy distillation) the teachers' log-probs, with MOPD's behaviour log-probs from the advantage's
+    ``extras["mopd_behavior_logprobs"]``."""
     old = step.old.float() * adv.loss_mask
-    proximal = (adv.extras or {}).get("prox_logp")
+    extras = adv.extras or {}
+    proximal = extras.get("prox_logp")
     if proximal is None:
         proximal = {"old": old, "recomputed": step.recomputed, "loglinear": None}[plan.proximal]
-    return PolicyLogprobs(behavior=old, proximal=proximal, versions=step.versions, current_version=version)
+    if teacher is not None and "mopd_behavior_logprobs" in extras:
+        teacher = dataclasses.replace(teacher, behavior=extras["mopd_behavior_logprobs"].float())
+    return PolicyLogprobs(behavior=old, proximal=proximal, versions=step.versions, current_version=version,
+                          teacher=teacher)
 
 
 def policy_metrics(step: StepLogprobs, mask: torch.Tensor, version: int, max_staleness: int) -> dict[str, Metric]:

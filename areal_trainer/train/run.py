@@ -9,7 +9,9 @@ step (``advance``). Which log-probabilities the three policies get is decided in
 Models are built in an order the features need: the policy is loaded (``PolicyModel.load``); the
 supervised warm start trains its whole base; then the reference policy and critic are copied from it
 (``models.py``); then the policy's LoRA adapters are attached, shared-prefix training resolved and,
-under FSDP2 (``parallel.fsdp``), the policy and critic sharded; then the optimizers are built.
+under FSDP2 (``parallel.fsdp``), the policy and critic sharded; then the optimizers are built; then the
+teachers of on-policy distillation are loaded (``teacher.py``; their tokenizers and routes were checked
+before the policy's weights loaded).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from .resume import ResumePlan, plan_resume, settings_of
 from .sft import warm_start
 from .sources import build_rollout, rollout_mode
 from .step import StepContext, StepResult, train_step
+from .teacher import NoReward, Teachers, check_teachers
 
 
 def seed_everything(seed: int) -> None:
@@ -72,6 +75,10 @@ class Trainer:
         valid = components.valid_dataset
         self.valid_samples = None if valid is None else build_samples(
             valid, self.tokenizer, "valid_dataset", RowLimit.of(cfg.eval_gconfig, "eval_gconfig", positions))
+        distill = components.distill
+        if distill is not None:  # the teachers' vocabularies and routes, before any weights load
+            check_teachers(distill, self.tokenizer, student_key="tokenizer_path" if cfg.tokenizer_path else "actor.path",
+                           student_path=cfg.tokenizer_path or cfg.actor.path, samples=self.train_samples)
         self.policy = PolicyModel.load(cfg.actor, tokenizer=self.tokenizer, device=self.device, dist=self.dist,
                                        seed=cfg.seed, resume_from=self.resume_from)
         self._check_critic()
@@ -80,8 +87,10 @@ class Trainer:
                                    drop_last=cfg.train_dataset.drop_last, seed=cfg.seed, rank=self.dist.rank,
                                    world_size=self.dist.world_size,
                                    mode="local" if rollout_mode(cfg) == "concurrent" else "global")
+        # Pure distillation scores no training answer (AReaL): its rollouts get no reward function at all.
+        train_reward = NoReward() if distill is not None and distill.pure else self.reward
         rollout = build_rollout(cfg, components.rollout, model=self.policy.model, tokenizer=self.tokenizer,
-                                reward=self.reward, loader=self.loader, device=self.device,
+                                reward=train_reward, eval_reward=self.reward, loader=self.loader, device=self.device,
                                 autocast_dtype=self.policy.autocast, world_size=self.dist.world_size,
                                 reduce_max=lambda x: int(self.dist.all_reduce(torch.tensor(x), "max")))
         self.rollout = rollout
@@ -92,6 +101,7 @@ class Trainer:
         self.total_steps = min(total, cfg.total_train_steps) if cfg.total_train_steps else total
         self.reference: ReferenceModel | None = None
         self.critic: CriticModel | None = None
+        self.teachers: Teachers | None = None
         self.step, self.consecutive_skips = 0, 0
 
     @property
@@ -140,6 +150,10 @@ class Trainer:
             lines += [self.reference.line] if self.reference.line else []
         if self.critic is not None:
             lines += self.critic.prepare(total_steps=self.total_steps, mesh=mesh)
+        if self.components.distill is not None:  # frozen and never saved: a resume loads them from their paths
+            self.teachers = Teachers.load(self.components.distill, tokenizer=self.tokenizer, device=self.device,
+                                          seed=cfg.seed, samples=self.train_samples)
+            lines += self.teachers.lines
         for line in lines:
             if main:
                 print(line, flush=True)
@@ -150,7 +164,8 @@ class Trainer:
                            advantage=self.components.advantage, loss=self.components.loss, plan=self.components.plan,
                            dist=self.dist, device=self.device, actor_config=a, n_minibatches=a.ppo_n_minibatches,
                            critic_minibatches=c.ppo_n_minibatches if c is not None else 0,
-                           max_staleness=self.cfg.rollout.max_head_offpolicyness)
+                           max_staleness=self.cfg.rollout.max_head_offpolicyness, teachers=self.teachers,
+                           distill=self.components.distill)
 
     def step_once(self, ctx: StepContext) -> tuple[StepResult, dict[str, float]]:
         """One training step, then the version advances: the step's result and its metrics over every

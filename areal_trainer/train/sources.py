@@ -80,13 +80,16 @@ def rollout_mode(cfg: TrainerConfig) -> str:
 
 
 def build_rollout(cfg: TrainerConfig, parts: RolloutParts, *, model, tokenizer, reward, loader, device: torch.device,
-                  autocast_dtype, world_size: int, reduce_max: Callable[[int], int]) -> Rollout:
+                  autocast_dtype, world_size: int, reduce_max: Callable[[int], int], eval_reward=None) -> Rollout:
     """Engines, workflows and the source for ``cfg`` (see the module docstring). ``parts``: the engine's
-    registry entry, the workflow class and the filter, bound at start-up (``components/rollout.py``)."""
+    registry entry, the workflow class and the filter, bound at start-up (``components/rollout.py``).
+    ``eval_reward``: the evaluation's reward service when it differs from the training rollouts' ``reward``
+    (pure distillation trains without one)."""
     r, mode = cfg.rollout, rollout_mode(cfg)
+    eval_reward = reward if eval_reward is None else eval_reward
 
-    def workflow(engine):
-        return parts.workflow(engine=engine, tokenizer=tokenizer, reward=reward, **parts.workflow_kwargs)
+    def workflow(engine, scorer=reward):
+        return parts.workflow(engine=engine, tokenizer=tokenizer, reward=scorer, **parts.workflow_kwargs)
 
     def engine(spec: EngineSpec, **kw):
         return spec.make(model, tokenizer, device=device, autocast_dtype=autocast_dtype, seed=cfg.seed,
@@ -100,12 +103,12 @@ def build_rollout(cfg: TrainerConfig, parts: RolloutParts, *, model, tokenizer, 
                             interruptible=mode == "concurrent" and r.partial_rollout)
     train_workflow = workflow(rollout_engine)
     if colocated:
-        eval_workflow = train_workflow
+        eval_workflow = train_workflow if eval_reward is reward else workflow(rollout_engine, eval_reward)
     else:  # evaluation measures the trained weights themselves, in the trainer's precision
         eval_workflow = workflow(ENGINES["hf"].make(model, tokenizer, device=device, autocast_dtype=autocast_dtype,
                                                      seed=cfg.seed, dtype=None, batch_size=r.generation_batch_size,
                                                      share_prefill=share_prefill(cfg), stoppable=False,
-                                                     interruptible=False))
+                                                     interruptible=False), eval_reward)
     common = dict(loader=loader, workflow=train_workflow, engine=rollout_engine, gconfig=cfg.gconfig,
                   batch_size=cfg.train_dataset.batch_size // world_size, accept=parts.accept,
                   dynamic_bs=cfg.dynamic_bs, max_rounds=r.max_sampling_rounds)

@@ -11,7 +11,8 @@ from typing import Any
 
 import torch
 
-from ..advantage import AdvantageInputs, RolloutGroup, TrajBatchMeta
+from ..advantage import AdvantageInputs, AdvantageResult, RolloutGroup, TrajBatchMeta
+from ..advantage.distill import add_distill_advantage, distillation_only
 from ..metrics import Mean, Metric, Sum
 from ..model.prefix import group_prefix
 from ..reward import is_correct
@@ -37,6 +38,10 @@ class StepContext:
     n_minibatches: int
     critic_minibatches: int
     max_staleness: int
+    teachers: Any = None
+    """The loaded teachers (``teacher.py``), or None without distillation."""
+    distill: Any = None
+    """The bound ``teacher`` section (``components/distill.py``): the loss form and its weights."""
 
 
 @dataclass
@@ -66,20 +71,27 @@ def train_step(ctx: StepContext, version: int) -> StepResult:
     batch = TrainBatch.from_groups(rollout.groups, ctx.device)
     t1 = time.time()
     groups = group_prefix(batch.input_ids, batch.attention_mask, batch.group_sizes) if ctx.policy.share or (
-        ctx.critic is not None and ctx.critic.share) or (ctx.reference is not None and ctx.reference.share) else None
+        ctx.critic is not None and ctx.critic.share) or (ctx.reference is not None and ctx.reference.share) or (
+        ctx.teachers is not None and ctx.teachers.any_share) else None
     logps = policies.prepare(ctx.plan, batch.logprobs, batch.versions,
                              lambda: ctx.policy.logprobs(batch.input_ids, batch.attention_mask, groups))
     ref_logp = None if ctx.reference is None else ctx.reference.logprobs(batch.input_ids, batch.attention_mask, groups)
+    teacher = None
+    if ctx.teachers is not None:  # the teachers score exactly the rows this step trains on
+        t_teacher = time.time()
+        teacher, teacher_metrics = ctx.teachers.score(batch, groups, step=version + 1)
+        metrics.update({**teacher_metrics, "time/teacher": Mean(time.time() - t_teacher)})
     values = None if ctx.critic is None else ctx.critic.values(batch.input_ids, batch.attention_mask, groups)
     t2 = time.time()
-    adv = ctx.advantage(AdvantageInputs(
+    adv = advantages(ctx, AdvantageInputs(
         data=batch.rollout_data(ref_logp=ref_logp, values=values), config=ctx.actor_config,
-        meta=batch_meta(batch), all_reduce=ctx.dist.sum_fn(), old_logprobs=logps.old))
+        meta=batch_meta(batch), all_reduce=ctx.dist.sum_fn(), old_logprobs=logps.old,
+        mopd=ctx.distill is not None and ctx.distill.mopd), teacher)
     rows = int(ctx.dist.all_reduce(torch.tensor(batch.n_rows), "min"))  # every process runs as many steps
     t3 = time.time()
     update = ctx.policy.update(
         UpdateBatch(batch.input_ids, batch.attention_mask, adv.loss_mask, adv.advantages,
-                    policies.for_loss(ctx.plan, logps, adv, version)),
+                    policies.for_loss(ctx.plan, logps, adv, version, teacher)),
         groups, loss_fn=ctx.loss, version=version, n_minibatches=min(ctx.n_minibatches, rows),
         all_reduce=ctx.dist.sum_fn(), sync_grads=ctx.dist.gradient_sync())
     metrics.update(update.metrics)
@@ -94,6 +106,16 @@ def train_step(ctx: StepContext, version: int) -> StepResult:
     metrics.update({"time/rollout": Mean(t1 - t0), "time/logprobs": Mean(t2 - t1), "time/advantage": Mean(t3 - t2),
                     "time/update": Mean(t4 - t3)})
     return StepResult(metrics, rollout.prompt_ids, update.all_skipped, batch, adv)
+
+
+def advantages(ctx: StepContext, inputs: AdvantageInputs, teacher) -> AdvantageResult:
+    """The bound advantage; with a teacher: skipped for pure distillation (no reward, no GAE: AReaL's
+    rule), and for the ``advantage`` form with the distillation term added (``advantage/distill.py``)."""
+    d = ctx.distill
+    adv = distillation_only(inputs) if d is not None and d.pure else ctx.advantage(inputs)
+    if d is not None and d.form == "advantage":
+        adv = add_distill_advantage(adv, teacher.logp, rl_weight=d.rl_weight, coef=d.distill_weight)
+    return adv
 
 
 def batch_meta(batch: TrainBatch) -> TrajBatchMeta:

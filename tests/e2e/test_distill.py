@@ -1,0 +1,138 @@
+"""On-policy distillation through the real command line, with a teacher made here (a 2-step GRPO run's
+checkpoint): the ``distill`` preset (pure distillation calls no reward function), RL plus distillation in
+both single-teacher forms, MOPD with two teachers routed by a dataset column, a resume that equals the
+uninterrupted run (and refuses another teacher), an asynchronous run (eta = 2), and the bad teachers
+reported before any model loads."""
+
+import json
+
+import pytest
+
+from areal_trainer.data import arith
+
+from .helpers import cli
+
+TINY = ["+scale=tiny", "valid_dataset=null", "evaluator.eval_before_train=false"]
+
+
+@pytest.fixture(scope="module")
+def teacher(tmp_path_factory):
+    """A checkpoint of this trainer: 2 GRPO steps on the built-in task, from another seed than the students'
+    (the same seed and warm start would give a teacher equal to the student)."""
+    cwd = tmp_path_factory.mktemp("teacher")
+    cli(["--config-name", "grpo", *TINY, "seed=7", "reward.fn=tests.plugins.digit_share_reward",
+         "actor.optimizer.lr=1e-2", "trial_name=t"], cwd=cwd)
+    return str(cwd / "outputs" / "grpo" / "t" / "checkpoints" / "step_2")
+
+
+def _records(run_dir):
+    with open(run_dir / "metrics.jsonl") as f:
+        return {r["step"]: r for r in map(json.loads, f) if "time/step" in r}
+
+
+def _comparable(record):
+    return {k: v for k, v in record.items() if not k.startswith(("time/", "perf/"))}
+
+
+def test_distill_preset_with_a_checkpoint_teacher_calls_no_reward(tmp_path, teacher):
+    out = cli(["--config-name", "distill", *TINY, f"teacher.path={teacher}", "trial_name=d",
+               "reward.fn=tests.plugins.never_called_reward"], cwd=tmp_path)
+    records = _records(tmp_path / "outputs" / "distill" / "d")
+    assert sorted(records) == [1, 2], out.stderr[-2000:]
+    for r in records.values():
+        assert r["reward/errors"] == 0 and r["reward/task"] == 0  # no reward function ran
+        assert r["distill/n_valid_tokens"] > 0 and r["time/teacher"] > 0
+        for k in ("distill/reverse_kl", "distill/teacher_logp", "distill/token_loss", "actor/entropy"):
+            assert k in r, k
+        assert r["advantage/abs_mean"] == 0  # no advantage was estimated
+    assert records[2]["distill/reverse_kl"] != records[1]["distill/reverse_kl"]  # the student moved
+
+
+@pytest.mark.parametrize("form", ["joint", "advantage"])
+def test_rl_plus_distillation_in_both_forms(tmp_path, teacher, form):
+    cli(["--config-name", "grpo", *TINY, f"+teacher.path={teacher}", f"teacher.loss_form={form}",
+         "teacher.distill_loss_weight=0.5", "trial_name=rd"], cwd=tmp_path)
+    records = _records(tmp_path / "outputs" / "grpo" / "rd")
+    assert sorted(records) == [1, 2]
+    for r in records.values():
+        assert "actor/clip_frac" in r and "distill/reverse_kl" in r and "reward/gsm8k_reward_fn" in r
+
+
+def _routed_data(tmp_path) -> str:
+    rows = arith.generate("train", 48, seed=3)
+    for r in rows:
+        r["task_type"] = "add" if " + " in r["answer"] else "sub"
+    path = tmp_path / "routed.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_mopd_routes_rows_to_two_teachers_by_a_dataset_column(tmp_path, teacher):
+    data = _routed_data(tmp_path)
+    args = ["--config-name", "grpo", *TINY, f"train_dataset.path={data}", "allow_builtin_model_on_any_data=true",
+            f"+teacher.teachers.add.path={teacher}", "+teacher.teachers.sub.path=builtin:tiny",
+            "teacher.mopd.rl_coefficient=1.0", "teacher.mopd.distillation_coefficient=0.5", "trial_name=m"]
+    cli(args, cwd=tmp_path)
+    records = _records(tmp_path / "outputs" / "grpo" / "m")
+    assert sorted(records) == [1, 2]
+    rows = sum(r.get("distill/teacher_rows/add", 0) + r.get("distill/teacher_rows/sub", 0) for r in records.values())
+    assert rows == sum(r["rollout/rows"] for r in records.values())  # every row scored by its one teacher
+    assert all("distill/is_clip_frac" in r and "distill/is_weight" in r for r in records.values())
+    # A route value without a teacher stops the run before any weights load, naming it.
+    bad = [a for a in args if not a.startswith(("+teacher.teachers", "trial_name"))]
+    out = cli([*bad, "+teacher.teachers.other.path=builtin:tiny", "trial_name=bad"], cwd=tmp_path, check=False)
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert "task_type='add', which no teacher takes" in out.stderr and "task_type='sub'" in out.stderr
+
+
+def test_resume_with_a_teacher_equals_the_uninterrupted_run_and_refuses_another_teacher(tmp_path, teacher):
+    args = ["--config-name", "distill", "+scale=tiny", f"teacher.path={teacher}", "saver.freq_steps=2",
+            "evaluator.freq_steps=2"]
+    cli([*args, "total_train_steps=4", "trial_name=full"], cwd=tmp_path)
+    cli([*args, "total_train_steps=2", "trial_name=cut"], cwd=tmp_path)
+    refused = cli([*args, "total_train_steps=4", "trial_name=cut", "recover.mode=auto", "teacher.path=builtin:tiny"],
+                  cwd=tmp_path, check=False)
+    assert refused.returncode == 1 and "teacher.path" in refused.stderr
+    out = cli([*args, "total_train_steps=4", "trial_name=cut", "recover.mode=auto"], cwd=tmp_path)
+    assert "resuming from" in out.stdout
+    full, resumed = _records(tmp_path / "outputs" / "distill" / "full"), _records(tmp_path / "outputs" / "distill" / "cut")
+    assert sorted(resumed) == [1, 2, 3, 4]
+    for step in range(1, 5):
+        assert _comparable(resumed[step]) == _comparable(full[step]), step
+    # The teacher's micro-batching only changes memory (and float rounding): a resume may change it.
+    out = cli([*args, "total_train_steps=4", "trial_name=cut", "recover.mode=auto", "teacher.mb_spec.n_mbs=2"],
+              cwd=tmp_path)
+    assert "already complete" in out.stdout
+
+
+def test_async_run_with_a_teacher_scores_what_it_trains(tmp_path, teacher):
+    cli(["--config-name", "distill", *TINY, f"teacher.path={teacher}", "rollout.max_head_offpolicyness=2",
+         "total_train_steps=4", "trial_name=a"], cwd=tmp_path)
+    records = _records(tmp_path / "outputs" / "distill" / "a")
+    assert sorted(records) == [1, 2, 3, 4]
+    assert all(r["actor/staleness/max"] <= 2 and r["distill/n_valid_tokens"] == r["actor/n_valid_tokens"]
+               for r in records.values())
+
+
+def test_bad_teachers_are_reported_before_anything_loads(tmp_path):
+    out = cli(["--config-name", "distill", "+scale=tiny", "teacher.path=/no/such/teacher",
+               "teacher.distill_loss_weight=-1"], cwd=tmp_path, check=False)
+    assert out.returncode == 2 and "Traceback" not in out.stderr  # configuration errors
+    assert "teacher.path: '/no/such/teacher' does not exist" in out.stderr
+    assert "teacher.distill_loss_weight: got -1.0" in out.stderr
+    assert not (tmp_path / "outputs").exists()
+    other = build_other_vocabulary(tmp_path)
+    out = cli(["--config-name", "distill", "+scale=tiny", f"teacher.path={other}"], cwd=tmp_path, check=False)
+    assert out.returncode == 1 and "the teacher's vocabulary" in out.stderr and "actor.path='builtin:tiny'" in out.stderr
+    assert "sft" not in out.stdout.lower()  # stopped before the warm start
+
+
+def build_other_vocabulary(tmp_path) -> str:
+    from areal_trainer.model.builtin import build_model, build_tokenizer
+
+    tok = build_tokenizer()
+    tok.add_tokens(["zyzzyva"])
+    path = tmp_path / "other_teacher"
+    build_model("builtin:tiny", tok, 0).save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
