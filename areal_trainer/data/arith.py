@@ -82,3 +82,20 @@ def corpus() -> list[str]:
     numbers = " ".join(str(k) for k in range(-MAX_NUMBER, 10 * MAX_NUMBER + 1))
     lines += [numbers, numbers.replace(" ", "\n"), "1 + 2 = 3\n#### 3", "1 - 2 = -1\n#### -1"]
     return lines
+
+
+CALC_TOOL = {"type": "function", "function": {
+    "name": "calc", "description": "Evaluate an arithmetic expression of integers with + - * /.",
+    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}
+"""The calculator tool of the tool demonstrations (the schema an agent's ``calc(expression: str)`` has)."""
+
+
+def tool_demonstration(demonstration: str) -> list[dict]:
+    """The teacher's ``demonstration`` as a calculator conversation (the turns after the prompt): a hermes
+    call ``calc`` on the teacher's expression (so the same imperfect teacher), the tool's value, and
+    ``#### <value>``. Made from the rows, so they and their order are those of :func:`generate`."""
+    expression, value = demonstration.split("\n", 1)[0].split(" = ")
+    call = {"id": "call_0", "type": "function", "function": {"name": "calc", "arguments": {"expression": expression}}}
+    return [{"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_0", "name": "calc", "content": value},
+            {"role": "assistant", "content": f"#### {value}"}]

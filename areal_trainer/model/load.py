@@ -49,7 +49,7 @@ def _looks_like_hub_id(path: str) -> bool:
 def load_tokenizer(path: str, key: str = "tokenizer_path"):
     """A tokenizer with a pad token (the EOS token when the checkpoint has none)."""
     if builtin.is_builtin(path):
-        return builtin.build_tokenizer()
+        return builtin.build_tokenizer(path)
     if smollm2.is_smollm2(path):
         path = smollm2.ensure_checkpoint(key)
     from transformers import AutoTokenizer, PreTrainedTokenizerFast

@@ -76,7 +76,7 @@ class EpisodeCounters:
     length_refusals: int = 0
 
 
-def _template_message(m: dict[str, Any]) -> dict[str, Any]:
+def template_message(m: dict[str, Any]) -> dict[str, Any]:
     """A request message as chat templates expect it: tool-call arguments as objects, not JSON text."""
     if not m.get("tool_calls"):
         return m
@@ -116,7 +116,7 @@ class EpisodeSession:
     # -- rendering and sampling -------------------------------------------------------------------
     def render(self, request: ChatRequest) -> list[int]:
         """The prompt ids of a request: its messages and tools through the chat template."""
-        messages = [_template_message(m.to_dict()) for m in request.messages]
+        messages = [template_message(m.to_dict()) for m in request.messages]
         kwargs = {"tools": request.tools} if request.tools else {}
         try:
             text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kwargs)

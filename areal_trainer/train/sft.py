@@ -3,6 +3,13 @@ demonstrations (the reference answers, unless the dataset provides separate demo
 that a randomly initialised built-in model learns the answer format before RL.
 
 The loss is the mean negative log-likelihood of the answer tokens (the prompt is not trained on).
+
+Conversations. A row whose ``demonstration_messages`` column holds the turns that follow its prompt
+(assistant turns, tool results, ..., with the tools offered in ``demonstration_tools``) is rendered whole
+by the chat template and trained on its assistant turns only, each through the end-of-sequence token
+that ends a sampled answer. The tool-calling built-in models (``builtin:<size>-tools``) on the built-in
+task get such rows from the teacher (``data/arith.py``: :func:`~areal_trainer.data.arith.tool_demonstration`),
+so their warm start teaches the calculator conversation; every other run trains on text as before.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from .. import faults
 from ..config.schema import SFTWarmupConfig
 from ..data.datasets import demonstration
 from ..errors import UserError
-from ..model.builtin import is_builtin
+from ..model.builtin import has_tools, is_builtin
 from ..model.chat import prompt_ids
 from ..rollout.batch import make_row, stack_rows
 from ..rollout.types import Segment
@@ -32,10 +39,58 @@ DEFAULT_SFT_STEPS = 300
 """Warm-start steps for built-in (randomly initialised) models when ``sft_warmup.steps`` is null."""
 
 
+def conversation_segments(tokenizer, messages: list[dict], tools: list | None = None) -> list[Segment]:
+    """A conversation as row segments: each assistant turn trained (its tokens through the first
+    end-of-sequence token, or the whole turn when it has none), the other tokens not; nothing after the
+    last assistant turn. The template must render every prefix of the conversation as a prefix of it."""
+    from ..rollout.agent_client import template_message  # tool-call arguments as the template expects them
+
+    messages = [template_message(dict(m)) for m in messages]
+    kwargs = {"tools": tools} if tools else {}
+
+    def ids(upto: int, opening: bool) -> list[int]:
+        text = tokenizer.apply_chat_template(messages[:upto], add_generation_prompt=opening, tokenize=False, **kwargs)
+        return tokenizer(text, add_special_tokens=False).input_ids
+
+    full, segments, pos = ids(len(messages), False), [], 0
+    for k, m in enumerate(messages):
+        if m.get("role") != "assistant":
+            continue
+        before, through = ids(k, True), ids(k + 1, False)
+        if full[:len(before)] != before or full[:len(through)] != through:
+            raise UserError(f"sft_warmup: the chat template renders turn {k + 1} of a demonstration conversation "
+                            "differently alone than within the whole conversation, so its tokens cannot be told apart.")
+        turn = full[len(before):len(through)]
+        if tokenizer.eos_token_id in turn:
+            turn = turn[:turn.index(tokenizer.eos_token_id) + 1]
+        segments += [Segment(full[pos:len(before)]),
+                     Segment(turn, True, [0.0] * len(turn), [0] * len(turn), sum(s.trainable for s in segments))]
+        pos = len(before) + len(turn)
+    return segments
+
+
+def with_tool_demonstrations(samples: list[dict]) -> list[dict]:
+    """The built-in task's samples with the teacher's calculator conversations as their demonstrations."""
+    from ..data.arith import CALC_TOOL, tool_demonstration
+
+    return [{**s, "fields": {**s["fields"], "demonstration_messages": tool_demonstration(demonstration(s)),
+                             "demonstration_tools": [CALC_TOOL]}} for s in samples]
+
+
 def sft_batch(samples: list[dict], tokenizer) -> dict[str, torch.Tensor]:
-    """Prompt + reference answer + EOS rows; ``loss_mask`` marks the answer tokens."""
+    """Prompt + reference answer + EOS rows; ``loss_mask`` marks the answer tokens (a demonstration
+    conversation: its assistant turns, see the module docstring)."""
     rows = []
     for s in samples:
+        conversation = s["fields"].get("demonstration_messages")
+        if conversation is not None:
+            if not isinstance(conversation, list) or not any(isinstance(m, dict) and m.get("role") == "assistant"
+                                                             for m in conversation):
+                raise UserError(f"sft_warmup: {s['row']}: 'demonstration_messages' must be a list of chat messages "
+                                f"(the turns after the prompt) with an assistant turn, got {conversation!r:.200}.")
+            rows.append(make_row(conversation_segments(tokenizer, s["messages"] + conversation,
+                                                       s["fields"].get("demonstration_tools"))))
+            continue
         target = demonstration(s)
         if not isinstance(target, str):
             raise UserError(f"sft_warmup: {s['row']} has no reference answer to imitate (train_dataset.answer_key, or a "
@@ -144,6 +199,8 @@ def warm_start(model, tokenizer, samples: list[dict], cfg, *, device: torch.devi
     steps = sft.steps if sft.steps is not None else (DEFAULT_SFT_STEPS if is_builtin(cfg.actor.path) else 0)
     if steps <= 0:
         return {}
+    if has_tools(cfg.actor.path) and cfg.train_dataset.path == "builtin:arith":
+        samples = with_tool_demonstrations(samples)
     key = None
     t0 = time.time()
     if sft.cache and is_builtin(cfg.actor.path):
