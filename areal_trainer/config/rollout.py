@@ -47,7 +47,9 @@ class RolloutConfig(Checked):
     the only value that keeps the bound exact)."""
     max_concurrent_rollouts: int | None = None
     """Most prompt groups generating at once, i.e. per generation call (null: consumer_batch_size). With
-    ``rollout.agent``: also the most episodes in flight at once within a call (null: all of them)."""
+    ``rollout.agent`` it also bounds the episodes in flight, to this many groups' episodes (null: all of a
+    call's), and asynchronous training's default is (eta + 1) x the batch: everything the staleness bound
+    admits, since a call of agent episodes lasts as long as its slowest one."""
     queue_size: int | None = None
     """Most prompt groups generated or generating but not yet trained on (null: 16 x max_concurrent_rollouts)."""
     partial_rollout: bool = True

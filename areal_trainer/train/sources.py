@@ -119,7 +119,10 @@ def build_rollout(cfg: TrainerConfig, parts: RolloutParts, *, model, tokenizer, 
                               world_size=world_size, reduce_max=reduce_max)
     else:
         b = cfg.train_dataset.batch_size
-        concurrent = r.max_concurrent_rollouts or b
+        # An agent call lasts as long as its slowest episode (tools wait on the wall clock), so by default one
+        # call takes every group the staleness bound admits rather than one step's: tool time is paid once
+        # for several steps. The staleness manager still bounds every token's lag.
+        concurrent = r.max_concurrent_rollouts or (b * (r.max_head_offpolicyness + 1) if r.agent is not None else b)
         queue = r.queue_size or 16 * concurrent
         staleness = StalenessManager(max_head_offpolicyness=r.max_head_offpolicyness,
                                      consumer_bs=max(1, b // world_size),

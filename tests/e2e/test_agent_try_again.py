@@ -1,0 +1,26 @@
+"""The "try again" agent example (examples/agents/try_again) through the real command line: two short
+steps with the example's config, every episode run and counted, and the concat export's fallbacks
+reported."""
+
+import json
+import os
+
+from .helpers import ROOT, cli
+
+EXAMPLE_DIR = os.path.join(ROOT, "examples", "agents", "try_again")
+
+
+def test_try_again_agent_example_runs(tmp_path):
+    proc = cli(["--config-dir", EXAMPLE_DIR, "--config-name", "try_again", "+scale=tiny", "trial_name=t"],
+               cwd=tmp_path)
+    run_dir = tmp_path / "outputs" / "try_again_agent" / "t"
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "time/step" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    for r in steps:
+        assert r["agent/episodes"] == 4.0  # tiny: 2 prompts x 2 episodes
+        assert r["agent/errors"] == 0.0 and r["agent/timeouts"] == 0.0
+        assert 4.0 <= r["agent/calls"] <= 8.0  # at most max_turns=2 calls per episode
+        assert r["agent/concat_fallbacks"] >= 0.0
+    assert any("eval/accuracy" in r for r in records)
+    assert "held-out accuracy" in proc.stdout
