@@ -17,7 +17,7 @@ from areal_trainer.errors import UserError
 from areal_trainer.model import builtin
 from areal_trainer.model.load import load_causal_lm, load_positions, load_tokenizer
 from areal_trainer.rollout.agent import AgentWorkflow, load_agent
-from areal_trainer.rollout.agent_client import _template_message
+from areal_trainer.rollout.agent_client import template_message
 from areal_trainer.rollout.tool_parsers import get_parser
 from areal_trainer.rollout.tools import tool_from_function
 from areal_trainer.rollout.types import Generation
@@ -33,7 +33,7 @@ def tok():
 
 
 def _ids(tok, messages, *, tools=None, opening=False):
-    text = tok.apply_chat_template([_template_message(m) for m in messages], tools=tools,
+    text = tok.apply_chat_template([template_message(m) for m in messages], tools=tools,
                                    add_generation_prompt=opening, tokenize=False)
     return tok(text, add_special_tokens=False).input_ids
 
