@@ -268,3 +268,33 @@ def test_a_plain_def_agent_past_its_timeout_does_not_hold_up_the_rollout(tok):
     assert time.monotonic() - t0 < 10
     assert [g["rewards"].tolist() for g in groups] == [[-1.0], [1.0]]
     assert groups[0].stats["agent/timeouts"].value == 1
+
+
+def divide(a: int, b: int) -> float:
+    """Divide two numbers.
+
+    Args:
+        a: the dividend.
+        b: the divisor.
+    """
+    return a / b
+
+
+async def tool_user(data, *, client):
+    calls = [{"id": "c1", "function": {"name": "divide", "arguments": '{"a": 6, "b": 3}'}},
+             {"id": "c2", "function": {"name": "divide", "arguments": '{"a": 1, "b": 0}'}},
+             {"id": "c3", "function": {"name": "divide", "arguments": "not json"}},
+             {"id": "c4", "function": {"name": "multiply", "arguments": "{}"}}]
+    await client.chat.completions.create(model="m", messages=data["messages"], tools=[divide])
+    results = [await client.call_tool(c, [divide]) for c in calls]
+    assert [r["role"] for r in results] == ["tool"] * 4 and results[0]["content"] == "2.0"
+    assert results[1]["content"].startswith("Error: ZeroDivisionError") and "not valid JSON" in results[2]["content"]
+    assert "there is no tool 'multiply'" in results[3]["content"]
+    return 1.0
+
+
+def test_a_tool_that_raises_or_is_misused_returns_its_error_to_the_model_and_is_counted(tok):
+    wf = _workflow(Scripted(tok, "7"), tok, "tests.rollout.test_agent.tool_user")
+    [g] = wf.rollout(_samples(1), GenerationHyperparameters(n_samples=1, max_new_tokens=4))
+    assert g["rewards"].tolist() == [1.0] and g.stats["agent/errors"].value == 0
+    assert g.stats["agent/tool_calls"].value == 4 and g.stats["agent/tool_errors"].value == 3
