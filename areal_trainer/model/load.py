@@ -102,15 +102,7 @@ def load_positions(path: str, *, tokenizer, key: str = "actor.path"):
             return model_positions(builtin.build_config(path, tokenizer), tokenizer, where)
         except ValueError as e:
             raise UserError(f"{key}: {e}") from None
-    if smollm2.is_smollm2(path):
-        path = smollm2.ensure_checkpoint(key)
-    from transformers import AutoConfig
-
-    try:
-        config = AutoConfig.from_pretrained(path)
-    except (OSError, ValueError) as e:
-        raise _missing(path, key, e) from None
-    return model_positions(config, tokenizer, where)
+    return model_positions(_hf_config(path, key), tokenizer, where)
 
 
 def load_skeleton(path: str, *, tokenizer, key: str):
@@ -122,13 +114,20 @@ def load_skeleton(path: str, *, tokenizer, key: str):
                 return builtin.build_model(path, tokenizer, 0)
         except ValueError as e:
             raise UserError(f"{key}: {e}") from None
-    if smollm2.is_smollm2(path):
-        path = smollm2.ensure_checkpoint(key)
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    try:
-        config = AutoConfig.from_pretrained(path)
-    except (OSError, ValueError) as e:
-        raise _missing(path, key, e) from None
+    config = _hf_config(path, key)
     with torch.device("meta"):
         return AutoModelForCausalLM.from_config(config)
+
+
+def _hf_config(path: str, key: str):
+    """The Hugging Face config of a (non built-in) model path, without its weights."""
+    if smollm2.is_smollm2(path):
+        path = smollm2.ensure_checkpoint(key)
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise _missing(path, key, e) from None

@@ -33,3 +33,14 @@ def cli(args: list[str], cwd: str, timeout: float = 300, check: bool = True,
 def popen(args: list[str], cwd: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "areal_trainer", *args], cwd=cwd, env=cli_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(path, proc: subprocess.Popen, timeout: float = 240) -> None:
+    """Wait until ``path`` exists, failing with the run's stderr if it ends first, or after ``timeout`` s."""
+    import time
+
+    deadline = time.time() + timeout
+    while not path.exists():
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.time() < deadline, f"{path} did not appear"
+        time.sleep(0.01)

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from .helpers import cli, popen
+from .helpers import cli, popen, wait_for
 
 AGENT = ["rollout.agent=tests.agents.simple.try_again", "rollout.agent_export=concat"]
 LAGGED = ["rollout.max_head_offpolicyness=2", "rollout.offpolicy_mode=lagged", "rollout.lagged_switch_prob=0.5",
@@ -27,21 +27,13 @@ def _comparable(record):
     return {k: v for k, v in record.items() if not k.startswith(("time/", "perf/"))}
 
 
-def _wait_for(path, proc, timeout=240):
-    deadline = time.time() + timeout
-    while not path.exists():
-        assert proc.poll() is None, proc.stderr.read()
-        assert time.time() < deadline, f"{path} did not appear"
-        time.sleep(0.01)
-
-
 def test_a_lagged_agent_run_killed_and_resumed_ends_like_the_uninterrupted_one(tmp_path):
     cli([*COMMON, "trial_name=full"], cwd=tmp_path)
     full = _records(tmp_path / "outputs" / "grpo" / "full")
     assert max(r["actor/staleness/max"] for r in full.values()) == 2 and all(r["agent/calls"] > 0 for r in full.values())
     run = tmp_path / "outputs" / "grpo" / "killed"
     proc = popen([*COMMON, "trial_name=killed"], cwd=tmp_path)
-    _wait_for(run / "checkpoints" / "step_2" / "COMPLETE", proc)
+    wait_for(run / "checkpoints" / "step_2" / "COMPLETE", proc)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     done = sorted(int(d.split("_")[1]) for d in os.listdir(run / "checkpoints") if d.startswith("step_"))
@@ -60,7 +52,7 @@ def test_a_signal_stops_agent_episodes_and_the_trainer_and_keeps_the_newest_chec
             "saver.freq_steps=2", "evaluator.freq_steps=500", "trial_name=t"]
     run = tmp_path / "outputs" / "grpo" / "t"
     proc = popen(args, cwd=tmp_path)
-    _wait_for(run / "checkpoints" / "step_2" / "COMPLETE", proc)
+    wait_for(run / "checkpoints" / "step_2" / "COMPLETE", proc)
     time.sleep(0.3)  # episodes are sleeping in their tools now
     proc.send_signal(sig)
     result = {}

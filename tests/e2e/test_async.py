@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from .helpers import cli, popen
+from .helpers import cli, popen, wait_for
 
 ASYNC = ["+scale=tiny", "rollout.max_head_offpolicyness=2"]
 
@@ -19,14 +19,6 @@ ASYNC = ["+scale=tiny", "rollout.max_head_offpolicyness=2"]
 def _records(run_dir):
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         return {r["step"]: r for r in map(json.loads, f) if "time/step" in r}  # the training steps
-
-
-def _wait_for(path, proc, timeout=240):
-    deadline = time.time() + timeout
-    while not path.exists():
-        assert proc.poll() is None, proc.stderr.read()
-        assert time.time() < deadline, f"{path} did not appear"
-        time.sleep(0.01)
 
 
 def test_async_run_logs_staleness_within_eta(tmp_path):
@@ -48,7 +40,7 @@ def test_sigkill_with_eta_2_loses_no_prompt_and_trains_none_twice(tmp_path):
             "evaluator.freq_steps=8", "trial_name=k"]
     run = tmp_path / "outputs" / "grpo" / "k"
     proc = popen(args, cwd=tmp_path)
-    _wait_for(run / "checkpoints" / "step_4" / "COMPLETE", proc)
+    wait_for(run / "checkpoints" / "step_4" / "COMPLETE", proc)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     done = sorted(int(d.split("_")[1]) for d in os.listdir(run / "checkpoints") if d.startswith("step_"))
@@ -70,7 +62,7 @@ def test_a_signal_stops_both_sides_and_keeps_the_newest_checkpoint(tmp_path, sig
             "trial_name=t"]
     run = tmp_path / "outputs" / "grpo" / "t"
     proc = popen(args, cwd=tmp_path)
-    _wait_for(run / "checkpoints" / "step_2" / "COMPLETE", proc)
+    wait_for(run / "checkpoints" / "step_2" / "COMPLETE", proc)
     proc.send_signal(sig)
     try:
         _, err = proc.communicate(timeout=60)
