@@ -9,7 +9,11 @@ sharded with FSDP2 and the parameter change is gathered in full.
 
 ``--lora``: LoRA adapters on the policy (attached before sharding); rank 0 also saves the adapter as a
 checkpoint does (``adapter/``: from the gathered full state dict when sharded) and writes the merged
-weights a rollout engine would receive."""
+weights a rollout engine would receive.
+
+``--teacher``: pure on-policy distillation (the ``distill`` preset) instead of GRPO: a second tiny model
+(another seed) scores each rank's rows as the trainer's teacher does, replicated on every process, and
+the update follows the reverse-KL loss, whose normaliser spans all processes."""
 
 import sys
 
@@ -18,6 +22,7 @@ from torch.distributed.tensor import DTensor
 
 from areal_trainer import fsdp
 from areal_trainer.advantage import AdvantageInputs, TrajBatchMeta
+from areal_trainer.advantage.distill import distillation_only
 from areal_trainer.components import load
 from areal_trainer.dist import init_distributed
 from areal_trainer.model import lora
@@ -27,6 +32,7 @@ from areal_trainer.rollout.types import Segment
 from areal_trainer.train.batch import TrainBatch, UpdateBatch
 from areal_trainer.train.policies import for_loss, prepare
 from areal_trainer.train.policy_model import PolicyModel
+from areal_trainer.train.teacher import Teachers
 from areal_trainer.train.update import balanced_partition, micro_batches
 
 
@@ -53,15 +59,18 @@ def flat_params(model) -> torch.Tensor:
                       for p in model.parameters()])
 
 
-def main(out: str, fsdp_mode: bool = False, lora_mode: bool = False) -> None:
+def main(out: str, fsdp_mode: bool = False, lora_mode: bool = False, teacher_mode: bool = False) -> None:
     ctx, _ = init_distributed("cpu", fsdp=fsdp_mode)
     assert ctx.fsdp == (fsdp_mode and ctx.enabled), "parallel.fsdp was not honoured"
     extra = ["actor.mb_spec.max_tokens_per_mb=20", "actor.optimizer.gradient_clipping=0.005"] if fsdp_mode else \
         ["actor.optimizer.gradient_clipping=0"]
     if lora_mode:
         extra += ["actor.use_lora=true", "actor.lora_rank=4", "actor.lora_alpha=8"]
-    built = load("grpo", ["actor.use_decoupled_loss=false", "actor.recompute_logprob=false",
-                          "actor.rejection_sampling=null", "actor.ppo_n_minibatches=2", *extra])
+    if teacher_mode:
+        extra += ["teacher.path=builtin:tiny"]
+    built = load("distill" if teacher_mode else "grpo", [
+        "actor.use_decoupled_loss=false", "actor.recompute_logprob=false", "actor.rejection_sampling=null",
+        "actor.ppo_n_minibatches=2", *extra])
     cfg = built.config.actor
     tok = build_tokenizer()
     model = build_model("builtin:tiny", tok, seed=0)
@@ -73,10 +82,18 @@ def main(out: str, fsdp_mode: bool = False, lora_mode: bool = False) -> None:
     per = len(groups) // ctx.world_size
     data = TrainBatch.from_groups(groups[ctx.rank * per:(ctx.rank + 1) * per], torch.device("cpu"))
     logps = prepare(built.plan, data.logprobs, data.versions, forward=None)  # this configuration recomputes nothing
-    adv = built.advantage(AdvantageInputs(data.rollout_data(), cfg, TrajBatchMeta(data.group_sizes),
-                                          all_reduce=ctx.sum_fn(), old_logprobs=logps.old))
+    inputs = AdvantageInputs(data.rollout_data(), cfg, TrajBatchMeta(data.group_sizes), all_reduce=ctx.sum_fn(),
+                             old_logprobs=logps.old)
+    teacher = None
+    if teacher_mode:  # the run's teacher: whole on every process, scoring that process's rows
+        teachers = Teachers(built.distill, {"teacher": build_model("builtin:tiny", tok, seed=1).eval()},
+                            torch.device("cpu"), samples=None)
+        teacher, _ = teachers.score(data, None, step=1)
+        adv = distillation_only(inputs)
+    else:
+        adv = built.advantage(inputs)
     batch = UpdateBatch(data.input_ids, data.attention_mask, adv.loss_mask, adv.advantages,
-                        for_loss(built.plan, logps, adv, version=0))
+                        for_loss(built.plan, logps, adv, version=0, teacher=teacher))
     lengths = batch.attention_mask.sum(1).tolist()
     n_micro = [len(micro_batches(rows, lengths, cfg.mb_spec)) for rows in balanced_partition(lengths, 2)]
     policy = PolicyModel(model, cfg, tokenizer=tok, device=torch.device("cpu"), dist=ctx, adapter_dir=None,
@@ -97,10 +114,12 @@ def main(out: str, fsdp_mode: bool = False, lora_mode: bool = False) -> None:
             torch.save({k: v.cpu() for k, v in merged.items()}, f"{out}/merged.pt")
     torch.save({"advantages": adv.advantages, "loss_mask": adv.loss_mask, "loss": loss, "delta": delta,
                 "rank": ctx.rank, "fsdp": fsdp.is_sharded(model), "grad_norm": metrics["update/grad_norm"],
-                "n_micro": n_micro, "trainable": [n for n, p in model.named_parameters() if p.requires_grad]},
+                "n_micro": n_micro, "metrics": metrics,
+                "teacher_logp": None if teacher is None else teacher.logp, "trainable": [n for n, p in model.named_parameters() if p.requires_grad]},
                f"{out}/rank{ctx.rank}.pt")
     ctx.shutdown()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], fsdp_mode="--fsdp" in sys.argv[2:], lora_mode="--lora" in sys.argv[2:])
+    main(sys.argv[1], fsdp_mode="--fsdp" in sys.argv[2:], lora_mode="--lora" in sys.argv[2:],
+         teacher_mode="--teacher" in sys.argv[2:])

@@ -5,6 +5,7 @@ uninterrupted run (and refuses another teacher), an asynchronous run (eta = 2), 
 reported before any model loads."""
 
 import json
+import shutil
 
 import pytest
 
@@ -112,6 +113,45 @@ def test_async_run_with_a_teacher_scores_what_it_trains(tmp_path, teacher):
     assert sorted(records) == [1, 2, 3, 4]
     assert all(r["actor/staleness/max"] <= 2 and r["distill/n_valid_tokens"] == r["actor/n_valid_tokens"]
                for r in records.values())
+
+
+def test_lora_student_learns_from_a_teacher_and_saves_only_its_adapter(tmp_path, teacher):
+    """A LoRA student with RL plus the per-token advantage term: the adapter is what trains (and what the
+    checkpoint holds); the teacher scores the rows the merged weights sampled."""
+    cli(["--config-name", "grpo", *TINY, f"+teacher.path={teacher}", "teacher.loss_form=advantage",
+         "teacher.distill_loss_weight=1", "actor.use_lora=true", "actor.lora_rank=8", "actor.optimizer.lr=1e-2",
+         "rollout.dtype=float32", "trial_name=l"], cwd=tmp_path)
+    run = tmp_path / "outputs" / "grpo" / "l"
+    records = _records(run)
+    assert sorted(records) == [1, 2]
+    assert all(r["distill/n_valid_tokens"] == r["actor/n_valid_tokens"] > 0 for r in records.values())
+    assert records[2]["mismatch/abs_logp_diff/max"] < 1e-5  # the rollout copy got base + adapter after step 1
+    assert records[2]["distill/reverse_kl"] != records[1]["distill/reverse_kl"]
+    saved = run / "checkpoints" / "step_2" / "actor"
+    assert (saved / "adapter_model.safetensors").is_file() and not (saved / "model.safetensors").exists()
+
+
+def test_fsdp_lora_student_with_a_teacher_resumes_exactly(tmp_path, teacher):
+    """Two FSDP2 processes, a LoRA student, pure distillation from a replicated teacher: checkpoints hold the
+    adapter, and resuming from step 1 repeats step 2 exactly (the teacher is loaded again from its path)."""
+    from .test_fsdp import LAUNCH, _run
+
+    args = [*LAUNCH, "-m", "areal_trainer", "--config-name", "distill", "+scale=tiny", "train_dataset.batch_size=4",
+            "saver.freq_steps=1", "valid_dataset=null", "evaluator.eval_before_train=false", "actor.use_lora=true",
+            "actor.lora_rank=8", "actor.optimizer.lr=1e-2", "rollout.dtype=float32", f"teacher.path={teacher}",
+            "actor.mb_spec.max_tokens_per_mb=64", "trial_name=fl", "parallel.fsdp=true"]
+    _run(args, tmp_path)
+    run = tmp_path / "outputs" / "distill" / "fl"
+    full = {k: _comparable(v) for k, v in _records(run).items()}
+    assert sorted(full) == [1, 2]
+    for r in full.values():  # 4 prompts x 2 samples over 2 processes, every trained token scored
+        assert r["rollout/rows"] == 8 and r["distill/n_valid_tokens"] == r["actor/n_valid_tokens"] > 0
+    assert full[2]["distill/reverse_kl"] != full[1]["distill/reverse_kl"]
+    assert (run / "checkpoints" / "step_1" / "actor" / "adapter_model.safetensors").is_file()
+    shutil.rmtree(run / "checkpoints" / "step_2")
+    _run([*args, "recover.mode=auto"], tmp_path)
+    assert (run / "checkpoints" / "step_2" / "COMPLETE").exists()  # step 2 ran again
+    assert {k: _comparable(v) for k, v in _records(run).items()} == full
 
 
 def test_bad_teachers_are_reported_before_anything_loads(tmp_path):

@@ -53,6 +53,34 @@ def test_fsdp_two_processes_equal_one(tmp_path):
     torch.testing.assert_close(r1["delta"], r0["delta"], atol=0, rtol=0)  # the same full weights on every rank
 
 
+def test_fsdp_distillation_two_processes_equal_one(tmp_path):
+    """Pure on-policy distillation under FSDP2: each process's whole teacher scores its own rows exactly as
+    one process scores them, and the reverse-KL update (its normaliser global over the processes) equals
+    the single-process one."""
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    _run([sys.executable, WORKER, str(tmp_path / "one"), "--fsdp", "--teacher"], ROOT)
+    _run([*LAUNCH, WORKER, str(tmp_path / "two"), "--fsdp", "--teacher"], ROOT)
+    one = torch.load(tmp_path / "one" / "rank0.pt")
+    r0, r1 = (torch.load(tmp_path / "two" / f"rank{r}.pt") for r in (0, 1))
+    assert r0["fsdp"] and r1["fsdp"] and r0["n_micro"] != r1["n_micro"]
+    half = r0["teacher_logp"].shape[0]
+    assert half * 2 == one["teacher_logp"].shape[0]
+    mask = one["loss_mask"].bool()
+    assert (one["teacher_logp"][mask] < 0).all() and (one["teacher_logp"][~mask] == 0).all()
+    for rank, r in enumerate((r0, r1)):  # the rank's rows, scored by its own copy of the teacher
+        mine, width = one["teacher_logp"][rank * half:(rank + 1) * half], r["teacher_logp"].shape[1]
+        assert (mine[:, width:] == 0).all()  # the single process pads its wider batch
+        torch.testing.assert_close(r["teacher_logp"], mine[:, :width], atol=1e-6, rtol=1e-5)
+    assert (one["advantages"] == 0).all()  # pure distillation estimates no advantage
+    assert one["metrics"]["distill/reverse_kl"] != 0
+    torch.testing.assert_close(r0["loss"], one["loss"], atol=1e-6, rtol=1e-5)
+    assert abs(r0["grad_norm"] - one["grad_norm"]) <= 1e-4 * one["grad_norm"] and r0["grad_norm"] == r1["grad_norm"]
+    assert one["delta"].abs().max() > 1e-4
+    torch.testing.assert_close(r0["delta"], one["delta"], atol=3e-7, rtol=1e-4)
+    torch.testing.assert_close(r1["delta"], r0["delta"], atol=0, rtol=0)
+
+
 def test_fsdp_lora_two_processes_equal_one(tmp_path):
     """LoRA under FSDP2: the adapters (attached before sharding) get the single-process update, the base
     stays frozen, and the adapter saved from the gathered full state dict equals the one-process one."""
