@@ -159,13 +159,14 @@ def main() -> None:
     import hydra
 
     from .components import override_problems
-    from .config.overrides import config_name_of, normalize_overrides
+    from .config.overrides import config_dirs, config_groups, config_name_of, normalize_overrides
     from .config.store import register_configs
 
     register_configs()
-    args = normalize_overrides(sys.argv[1:])
+    groups = config_groups(config_dirs(sys.argv[1:]))  # conf/'s and those of a --config-dir
+    args = normalize_overrides(sys.argv[1:], groups)
     values = [a for a in args if not a.startswith("-") and "=" in a]
-    problems = override_problems(config_name_of(args), values)  # with any, also the config's own problems
+    problems = override_problems(config_name_of(args), values, groups)  # with any, also the config's own problems
     if problems:
         from .config import ConfigError
 

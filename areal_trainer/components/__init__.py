@@ -22,7 +22,7 @@ from ..advantage import AdvantageFn
 from ..config.base import ConfigError
 from ..config.data import DatasetConfig
 from ..config.loader import compose_dict, convert
-from ..config.overrides import normalize_overrides, split_overrides
+from ..config.overrides import CONFIG_GROUPS, normalize_overrides, split_overrides
 from ..config.schema import TrainerConfig
 from ..config.validate import collect
 from ..loss import PolicyPlan
@@ -109,11 +109,13 @@ def load_config(config_name: str = "config", overrides: Sequence[str] = ()) -> T
     return load(config_name, overrides).config
 
 
-def override_problems(config_name: str | None, overrides: Sequence[str]) -> list[str]:
+def override_problems(config_name: str | None, overrides: Sequence[str],
+                      groups: frozenset[str] = frozenset(CONFIG_GROUPS)) -> list[str]:
     """Unknown keys and wrong types of ``overrides`` and, when there are any, every problem of the config
     ``config_name`` composed with those overrides left out, so that one round reports them all
-    (``config_name=None``: only the overrides' own problems). Composing creates no run directory."""
-    problems, usable = split_overrides(normalize_overrides(list(overrides)))
+    (``config_name=None``: only the overrides' own problems). ``groups``: the config groups an override
+    may select (``conf/``'s and a ``--config-dir``'s). Composing creates no run directory."""
+    problems, usable = split_overrides(normalize_overrides(list(overrides), groups), groups)
     if not problems or config_name is None:
         return problems
     usable = [a for a in usable if not a.lstrip("+~").startswith("hydra")]  # Hydra's own settings do not matter

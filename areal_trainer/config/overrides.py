@@ -5,7 +5,9 @@ with a did-you-mean suggestion (Hydra itself stops at the first one).
 
 from __future__ import annotations
 
+import os
 import typing
+from collections.abc import Sequence
 from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -16,19 +18,44 @@ from .keys import lookup, suggest_key, unwrap
 
 #: Hydra config groups of ``conf/`` (``algo=ppo`` selects a file, it is not a value key).
 CONFIG_GROUPS = ("algo", "algo_tuning", "scale", "correction")
+
+
+def config_dirs(argv: Sequence[str]) -> list[str]:
+    """The user's config folders a command line adds (``--config-dir x``, ``-cd x``, ``--config-dir=x``)."""
+    out = []
+    for i, a in enumerate(argv):
+        opt, eq, value = a.partition("=")
+        if opt in ("--config-dir", "-cd"):
+            value = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+            if value:
+                out.append(value)
+    return out
+
+
+def config_groups(dirs: Sequence[str] = ()) -> frozenset[str]:
+    """The config groups an override may select: ``conf/``'s and every subfolder of ``dirs`` holding a YAML
+    file (Hydra's own pattern for experiments: ``--config-dir my_conf +experiment=a``)."""
+    found = set(CONFIG_GROUPS)
+    for d in dirs:
+        if os.path.isdir(d):
+            found.update(e.name for e in os.scandir(d) if e.is_dir() and any(
+                f.endswith((".yaml", ".yml")) for f in os.listdir(e.path)))
+    return frozenset(found)
 _BOOL_WORDS = {"yes", "no", "on", "off", "y", "n", "true", "false"}
 
 
-def normalize_overrides(args: list[str]) -> list[str]:
+def normalize_overrides(args: list[str], groups: frozenset[str] | None = None) -> list[str]:
     """Rewrite ``+key=v`` to ``++key=v`` for value keys, so it works whether or not the YAML sets the key.
 
-    Group appends (``+experiment=x``, ``+algo@pkg=x``) and everything else are left alone.
+    Group appends (``+experiment=x``, ``+algo@pkg=x``; ``groups``: the config groups, by default those of
+    ``conf/`` and of the ``--config-dir`` in ``args``) and everything else are left alone.
     """
+    groups = config_groups(config_dirs(args)) if groups is None else groups
     out = []
     for a in args:
         if a.startswith("+") and not a.startswith("++") and "=" in a:
             key = a[1:].split("=", 1)[0]
-            if "@" not in key and "/" not in key and key not in CONFIG_GROUPS and not key.startswith("hydra"):
+            if "@" not in key and "/" not in key and key not in groups and not key.startswith("hydra"):
                 a = "+" + a
         out.append(a)
     return out
@@ -62,9 +89,9 @@ def _tname(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp).replace("typing.", ""))
 
 
-def split_overrides(args: list[str]) -> tuple[list[str], list[str]]:
+def split_overrides(args: list[str], groups: frozenset[str] = frozenset(CONFIG_GROUPS)) -> tuple[list[str], list[str]]:
     """(every problem of ``args``, the overrides of ``args`` that have none, in order); an override Hydra
-    cannot parse is a problem too."""
+    cannot parse is a problem too. ``groups``: the config groups an override may select."""
     parser = OverridesParser.create()
     problems: list[str] = []
     usable: list[str] = []
@@ -74,16 +101,16 @@ def split_overrides(args: list[str]) -> tuple[list[str], list[str]]:
         except OverrideParseException as e:
             problems.append(f"{arg}: Hydra cannot parse this override ({str(e).splitlines()[0]}).")
             continue
-        mine = _override_problems(ov)
+        mine = _override_problems(ov, groups)
         problems += mine
         if not mine:
             usable.append(arg)
     return problems, usable
 
 
-def _override_problems(ov) -> list[str]:
+def _override_problems(ov, groups: frozenset[str]) -> list[str]:
     key = ov.key_or_group
-    if key in CONFIG_GROUPS or "/" in key or key.startswith("hydra") or ov.package is not None:
+    if key in groups or "/" in key or key.startswith("hydra") or ov.package is not None:
         return []
     if ov.type == OverrideType.DEL:
         return []

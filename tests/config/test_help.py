@@ -11,7 +11,7 @@ from areal_trainer.config.actor import PPOActorConfig, PPOCriticConfig
 from areal_trainer.config.bookkeeping import WandbConfig
 from areal_trainer.config.help import UnknownKeyError, first_sentence, help_request, key_help, overview
 from areal_trainer.config.keys import field_doc, index, render_type
-from areal_trainer.config.overrides import split_overrides
+from areal_trainer.config.overrides import config_dirs, config_groups, normalize_overrides, split_overrides
 from areal_trainer.config.rollout import RolloutConfig
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
@@ -172,3 +172,26 @@ def test_cli_help_equals_key():
     r = _cli("--help=actor.eps_clip")
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("actor.eps_clip: float = 0.2\n") and "Traceback" not in r.stderr
+
+
+def test_config_groups_of_a_config_dir_are_accepted_and_others_still_refused(tmp_path):
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "a.yaml").write_text("# @package _global_\nseed: 3\n")
+    (tmp_path / "notes").mkdir()  # a folder without YAML files is not a group
+    argv = ["--config-dir", str(tmp_path), "+experiment=a", "+notes=x"]
+    assert config_dirs(argv) == [str(tmp_path)] and config_dirs([f"--config-dir={tmp_path}"]) == [str(tmp_path)]
+    groups = config_groups(config_dirs(argv))
+    assert "experiment" in groups and "notes" not in groups and "algo" in groups
+    assert normalize_overrides(["+experiment=a", "+seed=2"], groups) == ["+experiment=a", "++seed=2"]
+    problems, usable = split_overrides(["+experiment=a", "+notes=x"], groups)
+    assert usable == ["+experiment=a"] and len(problems) == 1 and problems[0].startswith("notes: not a configuration key.")
+    (problem,), _ = split_overrides(["+experiment=a"])  # without the folder it is not a group
+    assert problem.startswith("experiment: not a configuration key.")
+
+
+def test_cli_composes_a_group_of_a_config_dir(tmp_path):
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "a.yaml").write_text("# @package _global_\nseed: 3\nactor:\n  eps_clip: 0.25\n")
+    r = _cli("--config-dir", str(tmp_path), "--config-name", "grpo", "+experiment=a", "--cfg", "job")
+    assert r.returncode == 0, r.stderr
+    assert "\nseed: 3\n" in r.stdout and "eps_clip: 0.25" in r.stdout
