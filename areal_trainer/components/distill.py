@@ -40,7 +40,7 @@ class DistillSpec:
         identifier: the dataset column that routes rows (MOPD with ``teacher.teachers``), or None (every
             row goes to the one teacher).
         routes: route value -> {teacher name: weight}, beside routing a value to the teacher of that name.
-        temperature, device, mb_spec, enable_tree_training: how the teachers' forwards run.
+        temperature, device, mb_spec, enable_tree_training, shard: how the teachers' forwards run.
     """
 
     form: str
@@ -53,6 +53,7 @@ class DistillSpec:
     temperature: float = 1.0
     device: str | None = None
     mb_spec: Any = None
+    shard: bool = True
     enable_tree_training: bool | None = None
 
     @property
@@ -101,7 +102,7 @@ def bind_distill(cfg, problems: list[str]) -> DistillSpec | None:
         form=t.form, rl_weight=float(rl), distill_weight=float(distill), teachers=teachers,
         ratio_cap=float(t.mopd.importance_ratio_cap), identifier=t.mopd.task_type_identifier if t.teachers else None,
         routes={k: dict(v) for k, v in t.mopd.routes.items()}, temperature=float(t.temperature), device=t.device,
-        mb_spec=t.mb_spec, enable_tree_training=t.enable_tree_training)
+        mb_spec=t.mb_spec, enable_tree_training=t.enable_tree_training, shard=bool(t.shard))
 
 
 def wrap_loss(loss, spec: DistillSpec | None, actor):

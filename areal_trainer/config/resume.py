@@ -51,6 +51,7 @@ SAFE: dict[str, str] = {
     "reward.model.micro_batch_size": "how the reward model's batches are cut",
     "teacher.mb_spec": "how the teacher's forward is cut into micro-batches for memory",
     "teacher.device": "where the same teacher runs",
+    "teacher.shard": "how the same teacher is laid out over the FSDP2 processes",
 }
 """Keys a resume may change: the new value is used from the resumed step on."""
 

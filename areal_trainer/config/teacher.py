@@ -75,6 +75,10 @@ class TeacherConfig(Checked):
     """Logits of the teacher's forward are divided by this (1: the teacher's own distribution)."""
     device: Optional[str] = None
     """Where the teacher runs: null = the trainer's device, or ``cpu``, ``cuda``, ``cuda:1``."""
+    shard: bool = True
+    """Under FSDP2 (``parallel.fsdp``): shard the teacher like the policy, so that each process holds only
+    its share of the weights and every forward gathers one block at a time (false: every process holds
+    the whole teacher, with no communication). A teacher on ``teacher.device`` is never sharded."""
     mb_spec: MicroBatchSpec = field(default_factory=MicroBatchSpec)
     """Micro-batches of the teacher's forward (memory only)."""
     enable_tree_training: Optional[bool] = None

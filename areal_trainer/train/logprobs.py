@@ -112,7 +112,7 @@ class ChunkedLogProbs(torch.autograd.Function):
         del buf_p
         # The last chunk's shifted logits stay in `buf`, with the row where that chunk starts and
         # its log-partition relative to the shift.
-        ctx.last_chunk = (buf, s, log_total) if keep_last else None
+        ctx.last_chunk = (buf, s, log_total) if keep_last and n_tok else None
         ctx.save_for_backward(hidden, weight, bias, labels, lse)
         ctx.temperature, ctx.chunk_size, ctx.compute_dtype = temperature, chunk_size, compute_dtype
         ctx.mark_non_differentiable(entropy)

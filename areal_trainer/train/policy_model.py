@@ -36,15 +36,22 @@ from .update import UpdateResult, micro_batches, optimizer_steps
 def batched_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, temperature: float, mb_spec,
                      autocast: torch.dtype | None, prefix: GroupPrefix | None) -> torch.Tensor:
     """``[B, S]`` next-token log-probabilities under ``model``, micro-batch by micro-batch; with ``prefix``
-    (the batch's prompt groups) each micro-batch's common prefixes are computed once."""
+    (the batch's prompt groups) each micro-batch's common prefixes are computed once. A model sharded
+    with FSDP2 runs as many forwards on every process (``B`` may be 0 on some), each gathering its blocks."""
     out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
     lengths = attention_mask.sum(1).tolist()
-    for rows in micro_batches(list(range(len(lengths))), lengths, mb_spec, prefix):
+    micros = micro_batches(list(range(len(lengths))), lengths, mb_spec, prefix) if lengths else []
+    # Each forward of a sharded model is a collective: agree on their number before running any.
+    n_pad = fsdp.max_over_ranks(len(micros)) - len(micros) if fsdp.is_sharded(model) else 0
+    for rows in micros:
         idx = torch.tensor(rows, device=out.device)
         width = max(lengths[r] for r in rows)
         logp, _ = forward_logprobs(model, input_ids[idx, :width], attention_mask[idx, :width], temperature=temperature,
                                    autocast_dtype=autocast, prefix_sharing=prefix is not None)
         out[idx, : logp.shape[1]] = logp
+    two = torch.ones((1, 2), dtype=torch.long, device=input_ids.device)
+    for _ in range(n_pad):  # a two-token forward: keeps the collectives in step, computes nothing used
+        forward_logprobs(model, two, two, temperature=temperature, autocast_dtype=autocast, prefix_sharing=False)
     return out
 
 

@@ -152,7 +152,7 @@ class Trainer:
             lines += self.critic.prepare(total_steps=self.total_steps, mesh=mesh)
         if self.components.distill is not None:  # frozen and never saved: a resume loads them from their paths
             self.teachers = Teachers.load(self.components.distill, tokenizer=self.tokenizer, device=self.device,
-                                          seed=cfg.seed, samples=self.train_samples)
+                                          seed=cfg.seed, samples=self.train_samples, mesh=mesh)
             lines += self.teachers.lines
         for line in lines:
             if main:

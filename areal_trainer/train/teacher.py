@@ -5,8 +5,10 @@ trains on.
 
 A teacher is a frozen model in eval mode, like the reference policy: it runs through the same
 micro-batched, packed or shared-prefix forward and the chunked vocabulary head
-(``policy_model.batched_logprobs``), on the trainer's device or on ``teacher.device``. Under FSDP2 every
-process holds the whole teacher (it has no gradients or optimizer state) and scores its own rows.
+(``policy_model.batched_logprobs``), on the trainer's device or on ``teacher.device``. Under FSDP2 each
+process scores its own rows; the teacher is sharded like the policy (``teacher.shard``: each process holds
+its share, every forward gathers one block at a time, and every process runs as many forwards) or, with
+``teacher.shard=false`` or a ``teacher.device``, held whole by every process.
 With MOPD each teacher runs only on the rows routed to it (a prompt's rows share a route, so its
 shared prefix stays whole). Only trained tokens (the aligned loss mask) are kept; a non-finite
 log-prob at one of them stops the run, naming the teacher and the step, and is never set to 0.
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import fsdp
 from ..advantage.align import aligned_mask
 from ..components.distill import DistillSpec, TeacherSpec
 from ..errors import UserError
@@ -77,7 +80,8 @@ class NoReward:
 class Teachers:
     """The loaded teachers of a run (see the module docstring)."""
 
-    def __init__(self, spec: DistillSpec, models: dict[str, torch.nn.Module], device: torch.device, samples):
+    def __init__(self, spec: DistillSpec, models: dict[str, torch.nn.Module], device: torch.device, samples,
+                 mesh=None):
         self.spec, self.models, self.device, self.samples = spec, models, device, samples
         self.autocast = {t.name: autocast_dtype(t.dtype, device) for t in spec.teachers}
         self.share, self.lines = {}, []
@@ -86,13 +90,21 @@ class Teachers:
                                                            "teacher.enable_tree_training")
             if line:
                 self.lines.append(f"teacher {name}: {line}")
+        # Sharded after the probe above (it needs the whole model); every process then runs every teacher.
+        self.sharded = mesh is not None and spec.shard and spec.device is None
+        if self.sharded:
+            for name, model in models.items():
+                fsdp.shard_model(model, mesh)
+                self.lines.append(f"teacher {name}: sharded over {mesh.size()} processes (teacher.shard)")
 
     @classmethod
-    def load(cls, spec: DistillSpec, *, tokenizer, device: torch.device, seed: int, samples) -> Teachers:
+    def load(cls, spec: DistillSpec, *, tokenizer, device: torch.device, seed: int, samples, mesh=None) -> Teachers:
+        """Every teacher of ``spec``, on ``teacher.device`` or ``device``; with ``mesh`` (FSDP2) sharded over
+        it unless ``teacher.shard`` is false or the teachers have a device of their own."""
         where = resolve_device(spec.device) if spec.device else device
         models = {t.name: load_teacher(t.path, tokenizer=tokenizer, dtype=t.dtype, device=where, seed=seed, key=t.key)
                   for t in spec.teachers}
-        return cls(spec, models, where, samples)
+        return cls(spec, models, where, samples, mesh)
 
     @property
     def any_share(self) -> bool:
@@ -126,6 +138,8 @@ class Teachers:
         for t in self.spec.teachers:
             picked = [(g, routes[g][t.name]) for g in range(len(routes)) if t.name in routes[g]]
             if not picked:
+                if self.sharded:  # its forwards are collectives: run them with no rows of this process
+                    self._forward(t, batch, [], None, [])
                 continue
             rows = [r for g, _ in picked for r in range(starts[g], starts[g + 1])]
             w = torch.tensor([wt for g, wt in picked for _ in range(starts[g], starts[g + 1])],
@@ -143,13 +157,16 @@ class Teachers:
 
     def _forward(self, t: TeacherSpec, batch, rows: list[int], groups: GroupPrefix | None,
                  sizes: list[int]) -> torch.Tensor:
-        idx = torch.tensor(rows, device=batch.input_ids.device)
+        idx = torch.tensor(rows, dtype=torch.long, device=batch.input_ids.device)
         ids, am = batch.input_ids[idx].to(self.device), batch.attention_mask[idx].to(self.device)
         prefix = None
-        if self.share[t.name]:
+        if self.share[t.name] and rows:
             prefix = groups if groups is not None else group_prefix(ids, am, sizes)
-        lp = batched_logprobs(self.models[t.name], ids, am, temperature=self.spec.temperature,
+        model = self.models[t.name]
+        lp = batched_logprobs(model, ids, am, temperature=self.spec.temperature,
                               mb_spec=self.spec.mb_spec, autocast=self.autocast[t.name], prefix=prefix)
+        if self.sharded:
+            model.reshard()  # the root's weights stay gathered after a forward (it expects a backward)
         return lp.to(batch.input_ids.device)
 
     @staticmethod

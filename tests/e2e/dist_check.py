@@ -12,7 +12,7 @@ checkpoint does (``adapter/``: from the gathered full state dict when sharded) a
 weights a rollout engine would receive.
 
 ``--teacher``: pure on-policy distillation (the ``distill`` preset) instead of GRPO: a second tiny model
-(another seed) scores each rank's rows as the trainer's teacher does, replicated on every process, and
+(another seed), sharded as the trainer shards it, scores each rank's rows (also a rank with none), and
 the update follows the reverse-KL loss, whose normaliser spans all processes."""
 
 import sys
@@ -22,6 +22,7 @@ from torch.distributed.tensor import DTensor
 
 from areal_trainer import fsdp
 from areal_trainer.advantage import AdvantageInputs, TrajBatchMeta
+from areal_trainer.advantage.align import aligned_mask
 from areal_trainer.advantage.distill import distillation_only
 from areal_trainer.components import load
 from areal_trainer.dist import init_distributed
@@ -85,10 +86,19 @@ def main(out: str, fsdp_mode: bool = False, lora_mode: bool = False, teacher_mod
     inputs = AdvantageInputs(data.rollout_data(), cfg, TrajBatchMeta(data.group_sizes), all_reduce=ctx.sum_fn(),
                              old_logprobs=logps.old)
     teacher = None
-    if teacher_mode:  # the run's teacher: whole on every process, scoring that process's rows
+    if teacher_mode:  # the run's teacher, sharded under FSDP2 as a run shards it, scoring this process's rows
+        mesh = fsdp.device_mesh(torch.device("cpu"), ctx.world_size) if ctx.fsdp else None
         teachers = Teachers(built.distill, {"teacher": build_model("builtin:tiny", tok, seed=1).eval()},
-                            torch.device("cpu"), samples=None)
+                            torch.device("cpu"), samples=None, mesh=mesh)
+        assert teachers.sharded == ctx.fsdp
         teacher, _ = teachers.score(data, None, step=1)
+        # A process with no rows for a teacher (MOPD) still runs its share of the collectives.
+        (spec,) = built.distill.teachers
+        rows = list(range(data.n_rows)) if ctx.rank == 0 else []
+        again = teachers._forward(spec, data, rows, None, [2] * (len(rows) // 2))
+        if rows:
+            mask = aligned_mask(data.loss_mask).bool()
+            torch.testing.assert_close(torch.where(mask, again, 0.0), teacher.logp, atol=1e-6, rtol=1e-5)
         adv = distillation_only(inputs)
     else:
         adv = built.advantage(inputs)
