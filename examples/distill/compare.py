@@ -5,9 +5,10 @@ Reads every run of the sweep (``metrics.jsonl`` and ``.hydra/config.yaml``; the 
 ``algorithm``) and the teacher's own run, and writes into ``--out`` (default: the sweep directory, beside
 the sweep's own ``comparison.md``)
 ``distillation.md`` (held-out accuracy at every evaluation, mean over seeds with the range; training
-time, s/step and the teacher's share of it; every run's before/after) and ``distillation.png`` (held-out
-accuracy against steps and against training time, the mean of each arm as a line and every run as
-faint dots, the teacher's accuracy as a dashed line).
+time, s/step and the teacher's share of it; the reverse KL to the teacher between evaluations; every
+run's before/after) and ``distillation.png`` (held-out accuracy against steps and against training
+time, the mean of each arm as a line and every run as faint dots, the teacher's accuracy as a dashed
+line; and the reverse KL to the teacher against steps).
 
 Training time is the sum of ``time/step`` up to a step: rollout, teacher, update; not the evaluations
 and not the warm start, which are the same in every arm.
@@ -34,7 +35,7 @@ def read_run(run_dir: str) -> dict | None:
         return None
     with open(cfg_path) as f:
         cfg = yaml.safe_load(f)
-    acc, seconds, teacher = {}, {0: 0.0}, []
+    acc, seconds, teacher, kl = {}, {0: 0.0}, [], {}
     total = 0.0
     with open(metrics) as f:
         for r in map(json.loads, f):
@@ -44,9 +45,11 @@ def read_run(run_dir: str) -> dict | None:
                 total += r["time/step"]
                 seconds[r["step"]] = total
                 teacher.append(r.get("time/teacher", 0.0))
+                if "distill/reverse_kl" in r:
+                    kl[r["step"]] = r["distill/reverse_kl"]
     return {"arm": cfg["algorithm"], "seed": cfg["seed"], "acc": acc, "seconds": seconds,
             "n_eval": (cfg.get("valid_dataset") or {}).get("max_rows"),
-            "teacher_s": sum(teacher) / len(teacher) if teacher else 0.0, "steps": len(teacher)}
+            "teacher_s": sum(teacher) / len(teacher) if teacher else 0.0, "steps": len(teacher), "kl": kl}
 
 
 def read_sweep(sweep_dir: str) -> dict[str, list[dict]]:
@@ -96,6 +99,7 @@ def table(arms: dict[str, list[dict]], teacher: tuple[int, float]) -> str:
         secs = _mean([r["seconds"][last] for r in rs])
         lines.append(f"| {NAMES.get(arm, arm)} | {change:+.1f} | {secs:.1f} | {secs / last:.2f} | "
                      f"{_mean([r['teacher_s'] for r in rs]):.2f} |")
+    lines += kl_table(arms, steps)
     lines += ["", "**Every run**", "", "| arm | seed | before | after | training time (s) |", "| --- | --- | --- | --- | --- |"]
     for arm, rs in arms.items():
         for r in rs:
@@ -104,13 +108,36 @@ def table(arms: dict[str, list[dict]], teacher: tuple[int, float]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _window_kl(run: dict, lo: int, hi: int) -> float | None:
+    vals = [v for s, v in run["kl"].items() if lo < s <= hi]
+    return _mean(vals) if vals else None
+
+
+def kl_table(arms: dict[str, list[dict]], steps: list[int]) -> list[str]:
+    """The reverse KL to the teacher (``distill/reverse_kl``, on the sampled answers) between evaluations,
+    for the arms that score with the teacher."""
+    windows = list(zip(steps, steps[1:]))
+    rows = []
+    for arm, rs in arms.items():
+        cells = [[k for r in rs if (k := _window_kl(r, lo, hi)) is not None] for lo, hi in windows]
+        if all(cells):
+            rows.append(f"| {NAMES.get(arm, arm)} | " + " | ".join(f"{_mean(c):.3f}" for c in cells) + " |")
+    if not rows:
+        return []
+    return ["", "**Reverse KL to the teacher** (mean log π_θ − log π_T per trained token of the sampled answers, "
+            "over the steps between evaluations; mean over seeds)", "",
+            "| arm | " + " | ".join(f"steps {lo + 1}–{hi}" for lo, hi in windows) + " |",
+            "| --- |" + " --- |" * len(windows), *rows]
+
+
 def plot(arms: dict[str, list[dict]], teacher: tuple[int, float], path: str) -> str:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.2))
+    axes[1].sharey(axes[0])
     for i, (arm, rs) in enumerate(arms.items()):
         color = f"C{i}"
         steps = sorted(set.intersection(*(set(r["acc"]) for r in rs)))
@@ -122,11 +149,18 @@ def plot(arms: dict[str, list[dict]], teacher: tuple[int, float], path: str) -> 
             axes[0].plot(steps, [100 * r["acc"][s] for s in steps], ".", color=color, alpha=0.3)
             axes[1].plot([r["seconds"][s] for s in steps], [100 * r["acc"][s] for s in steps], ".", color=color,
                          alpha=0.3)
-    for ax in axes:
+        if all(r["kl"] for r in rs):  # the arms that score with the teacher: moving average of 10 steps
+            common = sorted(set.intersection(*(set(r["kl"]) for r in rs)))
+            mean_kl = [_mean([r["kl"][s] for r in rs]) for s in common]
+            smooth = [_mean(mean_kl[max(0, i - 9): i + 1]) for i in range(len(mean_kl))]
+            axes[2].plot(common, smooth, color=color, label=NAMES.get(arm, arm))
+    for ax in axes[:2]:
         ax.axhline(100 * teacher[1], color="gray", ls="--", lw=1, label="teacher")
         ax.grid(alpha=0.3)
     axes[0].set(xlabel="RL step", ylabel="held-out accuracy (%)", title="accuracy against steps")
     axes[1].set(xlabel="training time (s, evaluations excluded)", title="accuracy against training time")
+    axes[2].set(xlabel="RL step", ylabel="nats per trained token", title="reverse KL to the teacher (moving avg of 10)")
+    axes[2].grid(alpha=0.3)
     axes[0].legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

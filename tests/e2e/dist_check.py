@@ -13,7 +13,8 @@ weights a rollout engine would receive.
 
 ``--teacher``: pure on-policy distillation (the ``distill`` preset) instead of GRPO: a second tiny model
 (another seed), sharded as the trainer shards it, scores each rank's rows (also a rank with none), and
-the update follows the reverse-KL loss, whose normaliser spans all processes."""
+the update follows the reverse-KL loss, whose normaliser spans all processes. ``--whole-teacher``:
+``teacher.shard=false``, every process holding the whole teacher."""
 
 import sys
 
@@ -68,7 +69,7 @@ def main(out: str, fsdp_mode: bool = False, lora_mode: bool = False, teacher_mod
     if lora_mode:
         extra += ["actor.use_lora=true", "actor.lora_rank=4", "actor.lora_alpha=8"]
     if teacher_mode:
-        extra += ["teacher.path=builtin:tiny"]
+        extra += ["teacher.path=builtin:tiny", f"teacher.shard={'--whole-teacher' not in sys.argv}"]
     built = load("distill" if teacher_mode else "grpo", [
         "actor.use_decoupled_loss=false", "actor.recompute_logprob=false", "actor.rejection_sampling=null",
         "actor.ppo_n_minibatches=2", *extra])
@@ -90,7 +91,7 @@ def main(out: str, fsdp_mode: bool = False, lora_mode: bool = False, teacher_mod
         mesh = fsdp.device_mesh(torch.device("cpu"), ctx.world_size) if ctx.fsdp else None
         teachers = Teachers(built.distill, {"teacher": build_model("builtin:tiny", tok, seed=1).eval()},
                             torch.device("cpu"), samples=None, mesh=mesh)
-        assert teachers.sharded == ctx.fsdp
+        assert teachers.sharded == (ctx.fsdp and built.distill.shard)
         teacher, _ = teachers.score(data, None, step=1)
         # A process with no rows for a teacher (MOPD) still runs its share of the collectives.
         (spec,) = built.distill.teachers

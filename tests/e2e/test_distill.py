@@ -115,6 +115,25 @@ def test_async_run_with_a_teacher_scores_what_it_trains(tmp_path, teacher):
                for r in records.values())
 
 
+@pytest.mark.parametrize("rollout", [
+    ["rollout.workflow=areal_trainer.rollout.multiturn.MultiTurnWorkflow", "actor.gae_timestep_unit=turn"],
+    ["rollout.agent=tests.agents.simple.try_again", "rollout.agent_export=individual"],
+], ids=["multi_turn_workflow", "agent"])
+def test_multi_turn_rows_and_agents_with_a_teacher_score_only_trained_tokens(tmp_path, teacher, rollout):
+    """The feedback between turns (untrained) is never scored: the teacher counts exactly the tokens the
+    update trains (the unit test in tests/train/test_teacher.py checks the positions)."""
+    cli(["--config-name", "grpo", *TINY, f"+teacher.path={teacher}", "teacher.loss_form=advantage",
+         "teacher.distill_loss_weight=1", *rollout, "trial_name=mt"], cwd=tmp_path)
+    records = _records(tmp_path / "outputs" / "grpo" / "mt")
+    assert sorted(records) == [1, 2]
+    for r in records.values():
+        assert r["distill/n_valid_tokens"] == r["actor/n_valid_tokens"] > 0 and "reward/task" in r
+    if "agent" in rollout[0]:
+        assert max(r["rollout/rows"] for r in records.values()) > 4  # some episodes made a second call
+    else:
+        assert max(r["rollout/num_turns"] for r in records.values()) > 1  # some rows hold feedback
+
+
 def test_lora_student_learns_from_a_teacher_and_saves_only_its_adapter(tmp_path, teacher):
     """A LoRA student with RL plus the per-token advantage term: the adapter is what trains (and what the
     checkpoint holds); the teacher scores the rows the merged weights sampled."""

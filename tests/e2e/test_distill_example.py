@@ -30,8 +30,8 @@ def test_the_examples_sweep_of_four_arms_and_its_summary(tmp_path):
     assert r.returncode == 0, r.stderr
     md = (sweep / "distillation.md").read_text()
     assert (sweep / "distillation.png").stat().st_size > 10_000
-    for name in ("RL alone (GRPO)", "pure distillation", "RL + distillation (advantage)",
-                 "RL + distillation (joint, AReaL)"):
-        assert md.count(f"| {name} |") == 3, name  # accuracy, cost and the per-run table
-    assert "step 0 | step 1 | step 2 |" in md and "Teacher: " in md
+    assert md.count("| RL alone (GRPO) |") == 3  # accuracy, cost and the per-run table
+    for name in ("pure distillation", "RL + distillation (advantage)", "RL + distillation (joint, AReaL)"):
+        assert md.count(f"| {name} |") == 4, name  # and the reverse KL to the teacher
+    assert "step 0 | step 1 | step 2 |" in md and "Teacher: " in md and "| steps 1–1 | steps 2–2 |" in md
     assert (sweep / "comparison.md").is_file()  # the sweep's own summary is still there

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from .helpers import ROOT, cli_env
@@ -53,14 +54,16 @@ def test_fsdp_two_processes_equal_one(tmp_path):
     torch.testing.assert_close(r1["delta"], r0["delta"], atol=0, rtol=0)  # the same full weights on every rank
 
 
-def test_fsdp_distillation_two_processes_equal_one(tmp_path):
-    """Pure on-policy distillation under FSDP2: each process's whole teacher scores its own rows exactly as
-    one process scores them, and the reverse-KL update (its normaliser global over the processes) equals
-    the single-process one."""
+@pytest.mark.parametrize("layout", ["sharded", "whole"])
+def test_fsdp_distillation_two_processes_equal_one(tmp_path, layout):
+    """Pure on-policy distillation under FSDP2: each process's teacher (sharded like the policy, or whole on
+    every process with teacher.shard=false) scores its own rows exactly as one process scores them, and the
+    reverse-KL update (its normaliser global over the processes) equals the single-process one."""
     (tmp_path / "one").mkdir()
     (tmp_path / "two").mkdir()
-    _run([sys.executable, WORKER, str(tmp_path / "one"), "--fsdp", "--teacher"], ROOT)
-    _run([*LAUNCH, WORKER, str(tmp_path / "two"), "--fsdp", "--teacher"], ROOT)
+    flags = ["--fsdp", "--teacher"] + (["--whole-teacher"] if layout == "whole" else [])
+    _run([sys.executable, WORKER, str(tmp_path / "one"), *flags], ROOT)
+    _run([*LAUNCH, WORKER, str(tmp_path / "two"), *flags], ROOT)
     one = torch.load(tmp_path / "one" / "rank0.pt")
     r0, r1 = (torch.load(tmp_path / "two" / f"rank{r}.pt") for r in (0, 1))
     assert r0["fsdp"] and r1["fsdp"] and r0["n_micro"] != r1["n_micro"]

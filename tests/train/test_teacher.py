@@ -75,6 +75,32 @@ def test_shared_prefix_teacher_logprobs_equal_the_row_by_row_forward():
     assert torch.allclose(unshared.score(batch, None, step=1)[0].logp, want, rtol=1e-5, atol=1e-6)
 
 
+def test_multi_turn_rows_are_scored_only_at_their_trained_tokens():
+    """Rows of several turns (prompt | answer | feedback or tool result | answer): the teacher's log-probs are
+    kept exactly where the step trains (the answers' tokens, aligned), never at the feedback's, and equal the
+    whole row's forward there."""
+    model = build_model("builtin:tiny", TOK, 4).eval()
+    segments = [  # (ids, trained) per row
+        [([5, 6, 7], 0), ([9, 10], 1), ([21, 22, 23], 0), ([11, 12, 13], 1)],
+        [([5, 6, 7], 0), ([14], 1), ([24, 25], 0), ([15, 16], 1), ([26], 0), ([17], 1)],
+    ]
+    rows = [[t for ids, _ in r for t in ids] for r in segments]
+    masks = [[m for ids, m in r for _ in ids] for r in segments]
+    width = max(map(len, rows))
+    batch = types.SimpleNamespace(
+        input_ids=torch.tensor([r + [0] * (width - len(r)) for r in rows]),
+        attention_mask=torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows]),
+        loss_mask=torch.tensor([m + [0] * (width - len(m)) for m in masks]), group_sizes=(2,), prompt_ids=(0,))
+    got, _ = Teachers(_spec(share=True), {"teacher": model}, torch.device("cpu"), samples=None).score(batch, None, 1)
+    want = _row_by_row(model, batch)
+    trained_next = torch.zeros_like(batch.loss_mask)
+    trained_next[:, :-1] = batch.loss_mask[:, 1:]  # position t scores token t+1
+    assert torch.equal(got.weight.bool(), trained_next.bool())
+    assert (got.logp[~trained_next.bool()] == 0).all() and (got.logp[trained_next.bool()] < 0).all()
+    assert int(trained_next.sum()) == 5 + 4  # the answers' tokens; none of the 3 + 2 + 1 feedback tokens
+    assert torch.allclose(got.logp, want, rtol=1e-5, atol=1e-6)
+
+
 def test_mopd_routes_rows_to_two_teachers_with_unnormalised_weights():
     a, b = build_model("builtin:tiny", TOK, 1).eval(), build_model("builtin:tiny", TOK, 2).eval()
     groups = [GROUPS[0], GROUPS[1], ([5, 6], [[7], [8, 9]])]
