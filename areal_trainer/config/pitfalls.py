@@ -1,6 +1,7 @@
 """Settings that are each valid but together make a run silently useless (it would train on zeros
 or score 0): one answer per prompt with group normalisation, a training set smaller than one batch,
-the built-in model or tokenizer on real data. Reported with the other cross-section rules."""
+the built-in model or tokenizer on real data, a teacher that cannot teach. Reported with the other
+cross-section rules."""
 
 from __future__ import annotations
 
@@ -10,7 +11,24 @@ from .schema import TrainerConfig
 def useless_run_problems(cfg: TrainerConfig) -> tuple[list[str], list[str]]:
     """(problems, warnings)."""
     p, w = _singleton_group_problems(cfg)
-    return p + _batch_problems(cfg) + _builtin_model_problems(cfg), w
+    return p + _batch_problems(cfg) + _builtin_model_problems(cfg), w + _teacher_warnings(cfg)
+
+
+def _teacher_warnings(cfg: TrainerConfig) -> list[str]:
+    """Teachers that cannot teach: a built-in model by name is built untrained (random weights, no warm
+    start), and the student's own starting model only pulls the student back to where it began."""
+    if cfg.teacher is None:
+        return []
+    w = []
+    for key, path in cfg.teacher.model_paths():
+        if isinstance(path, str) and path.startswith("builtin:"):
+            w.append(f"{key}={path!r} is the built-in model untrained (random weights, without the student's warm "
+                     "start or any RL): distilling from it unlearns the task. Give a trained checkpoint as the teacher, "
+                     f"e.g. {key}=outputs/<experiment>/<trial>/checkpoints/step_<N> of a run on the same task.")
+        elif path == cfg.actor.path:
+            w.append(f"{key}={path!r} is the student's own starting model (actor.path): distilling from it only pulls "
+                     f"the student back to where it began. Give a stronger model with the same tokenizer.")
+    return w
 
 
 def _singleton_group_problems(cfg: TrainerConfig) -> tuple[list[str], list[str]]:

@@ -68,3 +68,18 @@ def test_pure_distillation_with_a_critic_is_an_error():
 
 def test_pure_distillation_with_one_answer_per_prompt_is_not_a_useless_run():
     load("distill", ["gconfig.n_samples=1"])  # no reward, no group normalisation: nothing to warn about
+
+
+def test_teachers_that_cannot_teach_are_warned_about(tmp_path):
+    with pytest.warns(UserWarning, match=r"teacher.path='builtin:tiny' is the built-in model untrained") as got:
+        load("distill")  # the preset as shipped, with the built-in student
+    assert "checkpoints/step_<N>" in str(got[0].message)
+    with pytest.warns(UserWarning, match=r"teacher.teachers.b.path='builtin:small' is the built-in model untrained"):
+        load("grpo", [f"+teacher.teachers.a.path={tmp_path}", "+teacher.teachers.b.path=builtin:small"])
+    with pytest.warns(UserWarning, match=r"is the student's own starting model \(actor.path\)"):
+        load("distill", [f"actor.path={tmp_path}", "allow_builtin_model_on_any_data=true"])
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a checkpoint as teacher: nothing to say
+        load("distill", [f"teacher.path={tmp_path}"])
