@@ -159,14 +159,22 @@ def main() -> None:
     import hydra
 
     from .components import override_problems
-    from .config.overrides import config_dirs, config_groups, config_name_of, normalize_overrides
+    from .config.overrides import (
+        config_dirs,
+        config_groups,
+        config_name_of,
+        group_file_problems,
+        normalize_overrides,
+    )
     from .config.store import register_configs
 
     register_configs()
-    groups = config_groups(config_dirs(sys.argv[1:]))  # conf/'s and those of a --config-dir
+    dirs = config_dirs(sys.argv[1:])
+    groups = config_groups(dirs)  # conf/'s and those of a --config-dir
     args = normalize_overrides(sys.argv[1:], groups)
     values = [a for a in args if not a.startswith("-") and "=" in a]
     problems = override_problems(config_name_of(args), values, groups)  # with any, also the config's own problems
+    problems += group_file_problems(values, dirs)  # the files of your own config groups
     if problems:
         from .config import ConfigError
 

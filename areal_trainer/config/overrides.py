@@ -6,10 +6,12 @@ with a did-you-mean suggestion (Hydra itself stops at the first one).
 from __future__ import annotations
 
 import os
+import re
 import typing
 from collections.abc import Sequence
 from typing import Any
 
+import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ChoiceSweep, OverrideType
 from hydra.errors import OverrideParseException
@@ -136,3 +138,57 @@ def config_name_of(argv: list[str], default: str = "config") -> str | None:
         if opt in ("--config-name", "-cn"):
             name = value if eq else (argv[i + 1] if i + 1 < len(argv) else default)
     return name
+
+
+def group_file_problems(args: Sequence[str], dirs: Sequence[str]) -> list[str]:
+    """Unknown keys and wrong types in the YAML files that the ``group=option`` overrides of ``args`` select
+    from the ``--config-dir`` folders ``dirs`` (every option of a sweep), each naming its file, so that
+    they are reported with the command line's own problems rather than by Hydra one at a time."""
+    groups = config_groups(dirs) - set(CONFIG_GROUPS)
+    parser = OverridesParser.create()
+    problems: list[str] = []
+    for arg in args:
+        try:
+            (ov,) = parser.parse_overrides([arg.lstrip("+")])
+        except OverrideParseException:
+            continue  # reported by split_overrides
+        if ov.key_or_group not in groups or ov.package is not None:
+            continue
+        raw = ov.value()
+        for option in (raw.list if isinstance(raw, ChoiceSweep) else [raw]):
+            path = next((f for d in dirs if os.path.isfile(f := os.path.join(d, ov.key_or_group, f"{option}.yaml"))),
+                        None)
+            if path is not None:  # a missing option is Hydra's to report, with the options there are
+                problems += _file_problems(path, ov.key_or_group)
+    return problems
+
+
+def _file_problems(path: str, group: str) -> list[str]:
+    with open(path) as f:
+        text = f.read()
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        return [f"{path}: not valid YAML ({str(e).splitlines()[0]})."]
+    if not isinstance(data, dict):
+        return [f"{path}: must hold keys and values, not a {type(data).__name__}."]
+    header = re.search(r"^#\s*@package\s+(\S+)", text, re.M)
+    package = header.group(1) if header else group  # Hydra's default package of a group's file: the group
+    prefix = "" if package == "_global_" else package.replace("_group_", group) + "."
+    out: list[str] = []
+
+    def walk(node: dict, dotted: str) -> None:
+        for k, v in node.items():
+            key = f"{dotted}{k}"
+            if not dotted and k in ("defaults", "hydra"):
+                continue
+            found = lookup(key)
+            if found is None:
+                out.append(f"{path}: {key}: not a configuration key.{suggest_key(key)}")
+            elif found.section is not None and found.dotted == key and isinstance(v, dict):
+                walk(v, key + ".")
+            elif found.section is None and found.dotted == key and (msg := _type_problem(key, found.annotation, v)):
+                out.append(f"{path}: {msg}")
+
+    walk(data, prefix)
+    return out

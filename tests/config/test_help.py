@@ -195,3 +195,28 @@ def test_cli_composes_a_group_of_a_config_dir(tmp_path):
     r = _cli("--config-dir", str(tmp_path), "--config-name", "grpo", "+experiment=a", "--cfg", "job")
     assert r.returncode == 0, r.stderr
     assert "\nseed: 3\n" in r.stdout and "eps_clip: 0.25" in r.stdout
+
+
+def test_files_of_your_own_config_groups_are_checked_with_the_command_line(tmp_path):
+    from areal_trainer.config.overrides import group_file_problems
+
+    (tmp_path / "exp").mkdir()
+    (tmp_path / "exp" / "bad.yaml").write_text("# @package _global_\ndefaults:\n  - override /algo: ppo\n"
+                                               "actor:\n  eps_clp: 0.3\n  ppo_n_minibatches: many\nseeed: 2\n")
+    (tmp_path / "exp" / "packaged.yaml").write_text("eps_clip: 0.3\n")  # the default package: the group's name
+    (tmp_path / "exp" / "good.yaml").write_text("# @package actor\neps_clip: 0.3\nkl_ctl: ${oc.env:X,0}\n")
+    (tmp_path / "exp" / "broken.yaml").write_text("actor: [unclosed\n")
+    problems = group_file_problems(["+exp=bad,packaged,good,broken,missing"], [str(tmp_path)])
+    bad, packaged, broken = (str(tmp_path / "exp" / f"{n}.yaml") for n in ("bad", "packaged", "broken"))
+    assert problems[:3] == [
+        f"{bad}: actor.eps_clp: not a configuration key. Did you mean 'actor.eps_clip'?",
+        f"{bad}: actor.ppo_n_minibatches: got 'many', which is not a valid int.",
+        f"{bad}: seeed: not a configuration key. Did you mean 'seed'?"]
+    assert problems[3].startswith(f"{packaged}: exp.eps_clip: not a configuration key. Did you mean 'actor.eps_clip'?")
+    assert problems[4].startswith(f"{broken}: not valid YAML") and len(problems) == 5
+    examples = os.path.join(ROOT, "examples", "distill")
+    assert group_file_problems(["+arm=rl,distill,rl_distill,rl_distill_joint"], [examples]) == []
+    r = _cli("--config-dir", str(tmp_path), "--config-name", "grpo", "+exp=bad", "actor.eps_clipp=1")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "4 configuration problems" in r.stderr and "actor.eps_clipp: not a configuration key" in r.stderr
+    assert f"{bad}: seeed: not a configuration key" in r.stderr
