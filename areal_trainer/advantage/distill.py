@@ -50,8 +50,7 @@ def distill_advantage(advantages: torch.Tensor, old: torch.Tensor, teacher: torc
     first, so a ``-inf`` there does not turn into NaN."""
     m = mask.bool()
     gap = torch.where(m, old.float(), 0.0) - torch.where(m, teacher.float(), 0.0)
-    adv = advantages.float() if rl_weight == 1 else rl_weight * advantages.float()
-    return torch.where(m, adv - coef * gap, 0.0)
+    return torch.where(m, rl_weight * advantages.float() - coef * gap, 0.0)
 
 
 def add_distill_advantage(result: AdvantageResult, teacher: torch.Tensor, *, rl_weight: float,

@@ -46,13 +46,12 @@ def config_groups(dirs: Sequence[str] = ()) -> frozenset[str]:
 _BOOL_WORDS = {"yes", "no", "on", "off", "y", "n", "true", "false"}
 
 
-def normalize_overrides(args: list[str], groups: frozenset[str] | None = None) -> list[str]:
+def normalize_overrides(args: list[str], groups: frozenset[str] = frozenset(CONFIG_GROUPS)) -> list[str]:
     """Rewrite ``+key=v`` to ``++key=v`` for value keys, so it works whether or not the YAML sets the key.
 
-    Group appends (``+experiment=x``, ``+algo@pkg=x``; ``groups``: the config groups, by default those of
-    ``conf/`` and of the ``--config-dir`` in ``args``) and everything else are left alone.
+    Group appends (``+experiment=x``, ``+algo@pkg=x``; ``groups``: the config groups, ``conf/``'s and those
+    of a ``--config-dir``) and everything else are left alone.
     """
-    groups = config_groups(config_dirs(args)) if groups is None else groups
     out = []
     for a in args:
         if a.startswith("+") and not a.startswith("++") and "=" in a:

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 import torch
 
 from .aggregate import Normalizer, aggregate_loss, loss_normalizer
-from .masked import masked_max, masked_mean
+from .masked import masked_mean
+from .policy import entropy_staleness_stats
 from .types import PolicyLossInputs, PolicyLossResult, Stats
 
 FORMS = ("joint", "advantage", "mopd")
@@ -158,12 +159,4 @@ def _actor_stats(inputs: PolicyLossInputs, mask0: torch.Tensor, mode: str) -> St
         ratio = torch.exp(_clean(inputs.logprobs, mask0) - _clean(inputs.policies.behavior, mask0))
         stats = {"actor/n_valid_tokens": n, "actor/loss/normalizer": loss_normalizer(mask0, mode),
                  "actor/importance_ratio/mean": masked_mean(ratio, mask0, n)}
-        if inputs.entropy is not None:
-            stats["actor/entropy"] = masked_mean(inputs.entropy.float(), mask0, n)
-        pol = inputs.policies
-        if pol.has_versions:  # how stale the trained tokens are, as the RL loss reports it
-            v = pol.versions.float()
-            generated = mask0 & (v >= 0)
-            stats["actor/staleness"] = masked_mean(pol.current_version - v, generated, n)
-            stats["actor/staleness/max"] = masked_max(pol.current_version - v, generated)
-    return stats
+    return {**stats, **entropy_staleness_stats(inputs, mask0, n)}  # as the RL loss reports them

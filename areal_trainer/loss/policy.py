@@ -214,6 +214,15 @@ def _common_stats(
             stats["actor/behave_approx_kl"] = masked_mean(log_w, mask0, n_valid)
             stats["actor/behave_ratio/min"] = masked_min(torch.exp(log_w), mask0)
             stats["actor/behave_ratio/max"] = masked_max(torch.exp(log_w), mask0)
+        stats.update(entropy_staleness_stats(inputs, mask0, n_valid))
+    return stats
+
+
+def entropy_staleness_stats(inputs: PolicyLossInputs, mask0: torch.Tensor, n_valid: torch.Tensor) -> Stats:
+    """``actor/entropy`` (with ``inputs.entropy``) and, with versions, ``actor/staleness`` (mean over the
+    ``n_valid`` trained tokens) and ``actor/staleness/max`` of the generated tokens of ``mask0``."""
+    stats: Stats = {}
+    with torch.no_grad():
         if inputs.entropy is not None:
             stats["actor/entropy"] = masked_mean(inputs.entropy.detach().float(), mask0, n_valid)
         if inputs.policies.has_versions:

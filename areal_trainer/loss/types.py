@@ -16,6 +16,11 @@ Stats = dict[str, torch.Tensor]
 """Detached 0-dim tensors keyed by slash-namespaced names (see the package docstring)."""
 
 
+def _cut(t: torch.Tensor | None, idx, width: int | None) -> torch.Tensor | None:
+    """Rows ``idx`` of a ``[B, S]`` tensor, and its first ``width`` columns when given (None stays None)."""
+    return None if t is None else t[idx][:, slice(None) if width is None else slice(0, width)]
+
+
 @dataclass(frozen=True)
 class TeacherLogprobs:
     """What the teachers said about the step's sampled tokens, ``[B, S]`` next-token aligned, 0 where not
@@ -33,11 +38,8 @@ class TeacherLogprobs:
     behavior: torch.Tensor | None = None
 
     def rows(self, idx, width: int | None = None) -> TeacherLogprobs:
-        cols = slice(None) if width is None else slice(0, width)
-
-        def cut(t):
-            return None if t is None else t[idx][:, cols]
-        return TeacherLogprobs(cut(self.logp), cut(self.weight), cut(self.behavior))
+        """The same log-probs restricted to rows ``idx`` (and to the first ``width`` columns, if given)."""
+        return TeacherLogprobs(*(_cut(t, idx, width) for t in (self.logp, self.weight, self.behavior)))
 
 
 @dataclass(frozen=True)
@@ -70,12 +72,8 @@ class PolicyLogprobs:
 
     def rows(self, idx, width: int | None = None) -> PolicyLogprobs:
         """The same policies restricted to rows ``idx`` (and to the first ``width`` columns, if given)."""
-        cols = slice(None) if width is None else slice(0, width)
-
-        def cut(t):
-            return None if t is None else t[idx][:, cols]
-        return PolicyLogprobs(cut(self.behavior), cut(self.proximal), cut(self.versions), self.current_version,
-                              None if self.teacher is None else self.teacher.rows(idx, width))
+        return PolicyLogprobs(*(_cut(t, idx, width) for t in (self.behavior, self.proximal, self.versions)),
+                              self.current_version, None if self.teacher is None else self.teacher.rows(idx, width))
 
 
 @dataclass(frozen=True)

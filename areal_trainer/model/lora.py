@@ -58,6 +58,22 @@ def lora_config(cfg, model: torch.nn.Module, key: str = "actor", task_type: str 
                       target_modules="all-linear" if targets == ["all-linear"] else targets, task_type=task_type)
 
 
+@contextlib.contextmanager
+def quiet_peft():
+    """peft asks transformers for a renamed attribute; the warning says nothing about the run."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        yield
+
+
+def merged_with_adapter(model: torch.nn.Module, adapter_dir: str) -> torch.nn.Module:
+    """``model`` (the adapter's base) with the LoRA adapter saved in ``adapter_dir`` merged in: one plain model."""
+    from peft import PeftModel
+
+    with quiet_peft():
+        return PeftModel.from_pretrained(model, adapter_dir).merge_and_unload()
+
+
 def attach(model: torch.nn.Module, cfg, *, seed: int, adapter_dir: str | None = None, key: str = "actor",
            task_type: str = "CAUSAL_LM"):
     """Inject LoRA adapters into ``model`` in place and return the ``PeftModel``: new ones (seeded), or
@@ -65,9 +81,7 @@ def attach(model: torch.nn.Module, cfg, *, seed: int, adapter_dir: str | None = 
     ``CAUSAL_LM`` for the policy, ``FEATURE_EXTRACTION`` for a backbone without a vocabulary head."""
     from peft import PeftModel, get_peft_model
 
-    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
-        # peft asks transformers for a renamed attribute; the warning says nothing about this run.
-        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+    with torch.random.fork_rng(devices=[]), quiet_peft():
         torch.manual_seed(seed)
         if adapter_dir is not None:
             peft = PeftModel.from_pretrained(model, adapter_dir, is_trainable=True)
@@ -190,11 +204,16 @@ def resume_adapter_dir(checkpoint: str | None, name: str, use_lora: bool) -> str
     return path if adapter else None
 
 
+def adapter_base(adapter_dir: str) -> dict:
+    """What a LoRA checkpoint says of its base: ``{"base": <path>, "base_weights": <file or None>}``."""
+    with open(os.path.join(adapter_dir, BASE_INFO)) as f:
+        return json.load(f)
+
+
 def load_base_weights(model: torch.nn.Module, adapter_dir: str, base_path: str, key: str = "actor") -> bool:
     """Before ``attach(..., adapter_dir=...)``: check the checkpoint's base and load its saved base
     weights into ``model`` (the base from ``base_path``), if any; returns whether there were some."""
-    with open(os.path.join(adapter_dir, BASE_INFO)) as f:
-        info = json.load(f)
+    info = adapter_base(adapter_dir)
     if info["base"] != base_path:
         raise UserError(f"{key}.path: got {base_path!r}, but the checkpoint {adapter_dir} holds a LoRA adapter for "
                         f"{info['base']!r}; resume with {key}.path={info['base']}.")

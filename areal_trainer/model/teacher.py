@@ -7,9 +7,7 @@ the checkpoint saved, and the adapter merged in: the teacher is one plain model)
 
 from __future__ import annotations
 
-import json
 import os
-import warnings
 
 import torch
 
@@ -28,17 +26,12 @@ def model_dir(path: str) -> str:
     return path
 
 
-def _adapter_base(adapter_dir: str) -> dict:
-    with open(os.path.join(adapter_dir, lora.BASE_INFO)) as f:
-        return json.load(f)
-
-
 def tokenizer_source(path: str) -> str:
     """Where the teacher's tokenizer is: its directory, or a LoRA adapter's base when the adapter has none."""
     d = model_dir(path)
     if os.path.isdir(d) and lora.is_adapter_dir(d) and not any(os.path.isfile(os.path.join(d, f))
                                                                  for f in TOKENIZER_FILES):
-        return _adapter_base(d)["base"]
+        return lora.adapter_base(d)["base"]
     return d
 
 
@@ -72,18 +65,11 @@ def load_teacher(path: str, *, tokenizer, dtype: str, device: torch.device, seed
     """The teacher at ``path`` on ``device``, in eval mode, without gradients (see the module docstring)."""
     d = model_dir(path)
     if os.path.isdir(d) and lora.is_adapter_dir(d):
-        info = _adapter_base(d)
-        model = load_causal_lm(info["base"], tokenizer=tokenizer, dtype=dtype, device=device, seed=seed, key=key)
-        if info.get("base_weights"):
-            model.load_state_dict(torch.load(os.path.join(d, info["base_weights"]), weights_only=True,
-                                             map_location=device))
-        from peft import PeftModel
-
+        base = lora.adapter_base(d)["base"]
+        model = load_causal_lm(base, tokenizer=tokenizer, dtype=dtype, device=device, seed=seed, key=key)
+        lora.load_base_weights(model, d, base, key=key)  # the checkpoint's own base weights (a warm start), if any
         try:
-            with warnings.catch_warnings():  # peft asks transformers for a renamed attribute
-                warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated",
-                                        category=FutureWarning)
-                model = PeftModel.from_pretrained(model, d).merge_and_unload()
+            model = lora.merged_with_adapter(model, d)
         except (OSError, ValueError, RuntimeError) as e:
             raise UserError(f"{key}: cannot load the LoRA adapter in {d}: {str(e).splitlines()[0]}") from None
     else:

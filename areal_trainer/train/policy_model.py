@@ -49,9 +49,10 @@ def batched_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
         logp, _ = forward_logprobs(model, input_ids[idx, :width], attention_mask[idx, :width], temperature=temperature,
                                    autocast_dtype=autocast, prefix_sharing=prefix is not None)
         out[idx, : logp.shape[1]] = logp
-    two = torch.ones((1, 2), dtype=torch.long, device=input_ids.device)
-    for _ in range(n_pad):  # a two-token forward: keeps the collectives in step, computes nothing used
-        forward_logprobs(model, two, two, temperature=temperature, autocast_dtype=autocast, prefix_sharing=False)
+    if n_pad:  # two-token forwards: keep the collectives in step, compute nothing used
+        two = torch.ones((1, 2), dtype=torch.long, device=input_ids.device)
+        for _ in range(n_pad):
+            forward_logprobs(model, two, two, temperature=temperature, autocast_dtype=autocast, prefix_sharing=False)
     return out
 
 

@@ -17,11 +17,12 @@ and not the warm start, which are the same in every arm.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from collections import defaultdict
 
 import yaml
+
+from areal_trainer.tracking.logger import read_metrics
 
 ORDER = ("grpo", "distill", "grpo_distill", "grpo_distill_joint")
 NAMES = {"grpo": "RL alone (GRPO)", "distill": "pure distillation", "grpo_distill": "RL + distillation (advantage)",
@@ -37,16 +38,15 @@ def read_run(run_dir: str) -> dict | None:
         cfg = yaml.safe_load(f)
     acc, seconds, teacher, kl = {}, {0: 0.0}, [], {}
     total = 0.0
-    with open(metrics) as f:
-        for r in map(json.loads, f):
-            if "eval/accuracy" in r:
-                acc[r["step"]] = r["eval/accuracy"]
-            if "time/step" in r:
-                total += r["time/step"]
-                seconds[r["step"]] = total
-                teacher.append(r.get("time/teacher", 0.0))
-                if "distill/reverse_kl" in r:
-                    kl[r["step"]] = r["distill/reverse_kl"]
+    for r in read_metrics(metrics):
+        if "eval/accuracy" in r:
+            acc[r["step"]] = r["eval/accuracy"]
+        if "time/step" in r:
+            total += r["time/step"]
+            seconds[r["step"]] = total
+            teacher.append(r.get("time/teacher", 0.0))
+            if "distill/reverse_kl" in r:
+                kl[r["step"]] = r["distill/reverse_kl"]
     return {"arm": cfg["algorithm"], "seed": cfg["seed"], "acc": acc, "seconds": seconds,
             "n_eval": (cfg.get("valid_dataset") or {}).get("max_rows"),
             "teacher_s": sum(teacher) / len(teacher) if teacher else 0.0, "steps": len(teacher), "kl": kl}
