@@ -420,3 +420,19 @@ def mopd_replacement(inputs) -> AdvantageResult:
     extras = {"mopd_behavior_logprobs": mopd_behavior_logprobs(inputs.data, m)} if inputs.mopd else {}
     return _result(inputs, loss_mask=m, logprobs=old_logprobs(inputs.old_logprobs, inputs.data, m),
                    advantages=m.clone(), extras=extras)
+
+
+def trl_accuracy(completions, solution, **kwargs):
+    """TRL-style batched reward (tests/e2e/test_trl_data.py): :func:`accuracy`; appends the ``solution`` and
+    ``answer`` lists it was given (one JSON line per call) to ``$AREAL_TEST_RECORD`` when that is set."""
+    import json
+
+    if os.environ.get("AREAL_TEST_RECORD"):
+        with open(os.environ["AREAL_TEST_RECORD"], "a") as f:
+            f.write(json.dumps({"solution": solution, "answer": kwargs.get("answer")}) + "\n")
+    return accuracy(completions, solution)
+
+
+def solution_positional(prompt, completion, solution):
+    """Per sample, its third positional parameter named like the answer column: the answer fills it."""
+    return 1.0 if completion == solution else 0.0

@@ -8,6 +8,7 @@ then the reward model (``reward.model.path``), then the remote service (``reward
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +36,13 @@ class RewardSpec:
     """``ModelReward``'s arguments (``path``, ``dtype``, ``micro_batch_size``), or None without a reward model."""
     remote: dict[str, Any] | None = None
     """``RemoteReward``'s arguments (``url``, ``timeout``, ``retries``, ...), or None without a scoring service."""
+
+    def column_problems(self, columns: Mapping[str, Collection[str]]) -> list[str]:
+        """Every function's required parameters that no column of a dataset provides: ``columns`` maps each
+        dataset's key (``train_dataset``) to the column names its rows have; one problem per function and
+        dataset, so that every one is reported at start-up, before any model loads."""
+        return [problem for dataset, names in columns.items() for fn in self.functions
+                if (problem := fn.column_problem(frozenset(names), f"the rows of {dataset}"))]
 
     @property
     def names(self) -> list[str]:

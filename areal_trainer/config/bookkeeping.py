@@ -96,7 +96,9 @@ class SFTWarmupConfig(Checked):
     """Supervised warm start on the training set's reference answers, run before RL."""
 
     steps: int | None = None
-    """null = only for built-in (randomly initialised) models; 0 disables."""
+    """null = only for built-in (randomly initialised) models; 0 disables. It trains on the rows with something
+    to imitate (a reference answer as text, a ``demonstration`` column or ``demonstration_messages``); with none
+    such, null skips it with a notice and a number above 0 is a configuration error."""
     lr: float = 3e-3
     """Peak learning rate of the warm start (AdamW, cosine decay to a tenth)."""
     batch_size: int = 32

@@ -51,9 +51,10 @@ class DatasetConfig(Checked):
     """Column with the prompt: text, or chat messages (a list of ``{role, content}``). null: the first of
     ``prompt``, ``messages``, ``question`` the rows have (valid_dataset: null = train_dataset's)."""
     answer_key: Optional[str] = None
-    """Column with the reference answer, given to reward functions as ``answer``. null: ``answer`` when the
-    rows have it, else none (valid_dataset: null = train_dataset's). Every other column reaches rewards,
-    workflows and agents under its own name."""
+    """Column with the reference answer, given to reward functions as ``answer`` and under its own name too
+    (``answer_key=solution``: both ``answer`` and ``solution``). null: ``answer`` when the rows have it, else
+    none (valid_dataset: null = train_dataset's). Every other column reaches rewards, workflows and agents
+    under its own name."""
     system_prompt: Optional[str] = None
     """System message before every prompt, rendered by the tokenizer's chat template (null: none; a chat
     prompt with its own system message keeps it; valid_dataset: null = train_dataset's, '' = none). It takes

@@ -1,10 +1,12 @@
-"""Command-line overrides: make ``+key=v`` work for schema keys, and check every override against
-the schema before Hydra sees it, so that all unknown keys and wrong types are reported together
-with a did-you-mean suggestion (Hydra itself stops at the first one).
+"""Command-line overrides: make ``+key=v`` and ``key={...}`` (a mapping for a key whose type is a dict)
+work for schema keys, and check every override against the schema before Hydra sees it, so that all
+unknown keys and wrong types are reported together with a did-you-mean suggestion (Hydra itself stops
+at the first one).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import typing
@@ -16,7 +18,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ChoiceSweep, OverrideType
 from hydra.errors import OverrideParseException
 
-from .keys import lookup, suggest_key, unwrap
+from .keys import index, lookup, suggest_key, unwrap
 
 #: Hydra config groups of ``conf/`` (``algo=ppo`` selects a file, it is not a value key).
 CONFIG_GROUPS = ("algo", "algo_tuning", "scale", "correction")
@@ -47,7 +49,10 @@ _BOOL_WORDS = {"yes", "no", "on", "off", "y", "n", "true", "false"}
 
 
 def normalize_overrides(args: list[str], groups: frozenset[str] = frozenset(CONFIG_GROUPS)) -> list[str]:
-    """Rewrite ``+key=v`` to ``++key=v`` for value keys, so it works whether or not the YAML sets the key.
+    """Rewrite ``+key=v`` to ``++key=v`` for value keys, so it works whether or not the YAML sets the key;
+    and ``key=v`` to ``++key=v`` for a key whose type is a dict (``rollout.agent_kwargs={max_turns: 2}``),
+    which Hydra would otherwise refuse for every name the YAML's mapping lacks. Either way the value is
+    merged into the YAML's mapping, as Hydra merges a mapping into one it may extend.
 
     Group appends (``+experiment=x``, ``+algo@pkg=x``; ``groups``: the config groups, ``conf/``'s and those
     of a ``--config-dir``) and everything else are left alone.
@@ -58,8 +63,26 @@ def normalize_overrides(args: list[str], groups: frozenset[str] = frozenset(CONF
             key = a[1:].split("=", 1)[0]
             if "@" not in key and "/" not in key and key not in groups and not key.startswith("hydra"):
                 a = "+" + a
+        elif not a.startswith(("+", "~", "-")) and a.split("=", 1)[0] in dict_keys():
+            a = "++" + a
         out.append(a)
     return out
+
+
+@functools.cache
+def dict_keys() -> frozenset[str]:
+    """Every key whose schema type is a dict (``rollout.agent_kwargs``, ``reward.kwargs``, ``teacher.teachers``...)."""
+    return frozenset(k.dotted for k in index().values() if k.section is None and _is_dict(k.annotation))
+
+
+def _is_dict(tp: Any) -> bool:
+    return typing.get_origin(unwrap(tp)[0]) in (dict, typing.Dict)  # noqa: UP006
+
+
+def mapping_problem(key: str, got: str) -> str:
+    """The message for a value of a dict-valued key that is no mapping; ``got`` says what was written."""
+    return (f"{key}: got {got}; expected a mapping, written {key}='{{name: value, ...}}' (quoted for the shell, "
+            f"or quote the whole override: '{key}={{name: value, ...}}').")
 
 
 def _type_problem(key: str, tp: Any, value: Any) -> str | None:
@@ -80,7 +103,8 @@ def _type_problem(key: str, tp: Any, value: Any) -> str | None:
     elif typing.get_origin(inner) in (list, typing.List):  # noqa: UP006
         ok = isinstance(value, list)
     elif typing.get_origin(inner) in (dict, typing.Dict):  # noqa: UP006
-        ok = isinstance(value, dict)
+        if not isinstance(value, dict):
+            return mapping_problem(key, repr(value))
     if ok:
         return None
     return f"{key}: got {value!r}, which is not a valid {_tname(inner)}."
@@ -100,13 +124,26 @@ def split_overrides(args: list[str], groups: frozenset[str] = frozenset(CONFIG_G
         try:
             (ov,) = parser.parse_overrides([arg])
         except OverrideParseException as e:
-            problems.append(f"{arg}: Hydra cannot parse this override ({str(e).splitlines()[0]}).")
+            problems.append(_unparsable(arg, str(e).splitlines()[0]))
             continue
         mine = _override_problems(ov, groups)
         problems += mine
         if not mine:
             usable.append(arg)
     return problems, usable
+
+
+def _unparsable(arg: str, why: str) -> str:
+    key, _, value = arg.partition("=")
+    key = key.lstrip("+~")
+    if key in dict_keys():  # e.g. '{a: 1' or, unquoted in the shell, '{a:' (the shell split it at the space)
+        return mapping_problem(key, f"{value}, which Hydra cannot parse ({why})")
+    return f"{arg}: Hydra cannot parse this override ({why})."
+
+
+def _quoted(ov) -> bool:
+    """Whether the value of ``ov`` was written in quotes (Hydra then reads it as text, whatever it holds)."""
+    return (ov.input_line or "").partition("=")[2].lstrip()[:1] in ("'", '"')
 
 
 def _override_problems(ov, groups: frozenset[str]) -> list[str]:
@@ -121,6 +158,8 @@ def _override_problems(ov, groups: frozenset[str]) -> list[str]:
     if found.section is not None or found.dotted != key:  # a section, or inside a free-form dict
         return []
     raw = ov.value()
+    if key in dict_keys() and isinstance(raw, str) and _quoted(ov):
+        return [mapping_problem(key, f"the quoted text {raw!r}, which Hydra reads as a string")]
     values = raw.list if isinstance(raw, ChoiceSweep) else ([] if ov.is_sweep_override() else [raw])
     return [msg for v in values if (msg := _type_problem(key, found.annotation, v))]
 

@@ -38,7 +38,9 @@ class TrainerConfig(Checked):
     total_train_epochs: int = 1
     """Passes over the training prompts."""
     total_train_steps: Optional[int] = None
-    """Stop after this many training steps if that comes before ``total_train_epochs`` (null: no step limit)."""
+    """Stop after this many training steps if that comes before ``total_train_epochs`` (null: no step limit).
+    When the epochs end first, a notice at start-up names the step the run stops at and the
+    ``total_train_epochs`` that would allow this many."""
     tokenizer_path: Optional[str] = None
     """null = actor.path."""
     allow_builtin_model_on_any_data: bool = False

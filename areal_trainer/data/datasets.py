@@ -15,7 +15,8 @@ Row shapes (TRL's dataset formats, and GSM8K's):
 ``answer_key`` (default: ``answer`` when the rows have it, else no answer) name the columns. Every
 other column is passed through: a sample is ``{"messages", "prompt", "answer", "fields", "row"}``,
 where ``prompt`` is the row's own prompt (text or messages), ``answer`` its answer column (or None),
-``fields`` every other column by name, ``row`` where it came from. Rewards and agents receive the row's
+``fields`` every column but the prompt by name (the answer column too, unless it is named ``answer``:
+with ``answer_key=solution`` a reward gets both ``answer`` and ``solution``), ``row`` where it came from. Rewards and agents receive the row's
 own prompt and columns, never the rendered chat text. A column value of the wrong kind (a list in a text
 column, a number as a prompt) is an error naming the column and the row, never stringified.
 
@@ -161,9 +162,16 @@ def to_sample(cfg: Any, row: Row, prompt_col: str, answer_col: str | None, key: 
         answer = row.columns.get(answer_col)
         if answer is None or (isinstance(answer, str) and not answer.strip()):
             raise _row_problem(row, answer_col, f"{key}.answer_key", f"no {answer_col!r} value (or an empty one)")
-    fields = {k: v for k, v in row.columns.items() if k not in (prompt_col, answer_col)}
+    # The answer column stays a column by its own name too (``answer_key=solution``: rewards and agents still
+    # get ``solution``); only a column named ``answer`` is left out, being the sample's ``answer`` already.
+    fields = {k: v for k, v in row.columns.items() if k != prompt_col and not (k == answer_col == "answer")}
     return {"messages": prompt_messages(cfg, prompt, prompt_col), "prompt": prompt, "answer": answer,
             "fields": fields, "row": row.where}
+
+
+def field_names(samples: list[dict]) -> frozenset[str]:
+    """The column names the samples' ``fields`` hold, over all rows (what rewards may take by name)."""
+    return frozenset().union(*(s["fields"] for s in samples))
 
 
 def demonstration(sample: dict) -> str:

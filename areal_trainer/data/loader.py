@@ -16,7 +16,28 @@ Two ways to draw, one per run:
 
 from __future__ import annotations
 
+import math
+
 import torch
+
+
+def steps_per_epoch(n: int, batch_size: int, drop_last: bool) -> int:
+    """Steps of one pass over ``n`` prompts, ``batch_size`` (global) per step; a last partial batch counts
+    unless ``drop_last``."""
+    return n // batch_size if drop_last else -(-n // batch_size)
+
+
+def run_length(epochs: int, max_steps: int | None, per_epoch: int, n: int, batch_size: int) -> tuple[int, str | None]:
+    """``(the step a run stops at, a notice or None)``: ``epochs`` passes of ``per_epoch`` steps, or
+    ``max_steps`` if that comes first. The notice says when ``max_steps`` asks for more than the epochs
+    allow (the smaller wins), with the ``total_train_epochs`` that would allow it."""
+    total = epochs * per_epoch
+    if not max_steps or max_steps <= total:
+        return (min(total, max_steps) if max_steps else total), None
+    needed = math.ceil(max_steps / per_epoch)
+    return total, (f"total_train_steps={max_steps} is more than total_train_epochs={epochs} allows: {per_epoch} "
+                   f"steps per epoch ({n} prompts, {batch_size} per step) x {epochs} epoch{'s' * (epochs != 1)}, so the "
+                   f"run stops at step {total}. Set total_train_epochs={needed} to run all {max_steps} steps.")
 
 
 class PromptLoader:
@@ -37,7 +58,7 @@ class PromptLoader:
         self.requeue: list[int] = []
         """Row indices handed out first by ``take_local`` (prompts of an interrupted run)."""
         n = len(samples)
-        self.steps_per_epoch = n // batch_size if drop_last else -(-n // batch_size)
+        self.steps_per_epoch = steps_per_epoch(n, batch_size, drop_last)
         if self.steps_per_epoch == 0:
             raise ValueError(f"{n} samples are fewer than one batch of {batch_size}")
         self._order_cache: tuple[int, torch.Tensor] | None = None

@@ -10,7 +10,10 @@ The two forms, told apart by signature once, at start-up (``style="auto"``):
    the rows have answers, or the function names it) and one per row column. A function is batched when it has a parameter named ``completions`` or ``prompts``.
 
 Row columns are passed only as far as the function takes them by name (all of them when it has
-``**kwargs``), so a dataset may carry columns a function ignores. The configured ``kwargs`` come last
+``**kwargs``), so a dataset may carry columns a function ignores. A parameter without a default that no
+column of the dataset provides is reported at start-up, before any model loads
+(:meth:`RewardFunction.column_problem`, called for every function by the reward's binding); one that only
+some rows lack is reported when a batch of such rows is scored. The configured ``kwargs`` come last
 and win over a column of the same name: they are what the user wrote down for this run.
 
 A number (``bool`` counts as 0/1) or ``None`` ("not applicable", as in TRL) is a valid result. NaN
@@ -161,14 +164,23 @@ class RewardFunction:
         """Whether a column (or batch list) called ``name`` is passed to the function."""
         return name not in self._reserved and (self._varkw or name in self._named)
 
+    def column_problem(self, columns: frozenset, rows: str = "the dataset rows") -> str | None:
+        """The problem of a function whose required parameters ``columns`` (the rows' column names) do not
+        all provide, or None; ``rows`` says which rows, e.g. "the rows of train_dataset"."""
+        missing = sorted(self._required - columns)
+        if not missing:
+            return None
+        return (f"{self.key}: {self._shown()} needs {', '.join(map(repr, missing))}, which neither {rows} (columns: "
+                f"{', '.join(sorted(columns - set(BATCH_NAMES))) or 'none'}) nor the configured kwargs provide. Add "
+                "the column, give the parameter a default, or set it in the kwargs.")
+
     def _check_columns(self, columns: frozenset) -> None:
+        """At call time: a column that some rows lack (start-up checked that some row has each one)."""
         if columns in self._checked_columns:
             return
-        missing = sorted(self._required - columns)
-        if missing:
-            raise UserError(f"{self.key}: {self._shown()} needs {', '.join(map(repr, missing))}, which neither "
-                            f"the dataset rows (columns: {', '.join(sorted(columns - set(BATCH_NAMES))) or 'none'}) nor the configured "
-                            "kwargs provide. Add the column, give the parameter a default, or set it in the kwargs.")
+        problem = self.column_problem(columns)
+        if problem:
+            raise UserError(problem)
         self._checked_columns.add(columns)
 
     def sample_call(self, sample: RewardSample) -> tuple[tuple, dict]:

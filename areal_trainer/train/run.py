@@ -6,7 +6,9 @@ weights have seen), and it advances together with the LR schedule exactly once p
 step with nothing to train on; the rollout receives the new weights with their version after every
 step (``advance``). Which log-probabilities the three policies get is decided in ``policies.py``.
 
-Models are built in an order the features need: the policy is loaded (``PolicyModel.load``); the
+Before any weights load, the built samples are checked against the rest of the run (``preflight.py``: the
+reward functions' columns, what the warm start can imitate, the run's length, the tokenizer's unknown
+words). Models are built in an order the features need: the policy is loaded (``PolicyModel.load``); the
 supervised warm start trains its whole base; then the reference policy and critic are copied from it
 (``models.py``); then the policy's LoRA adapters are attached, shared-prefix training resolved and,
 under FSDP2 (``parallel.fsdp``), the policy and critic sharded; then the optimizers are built; then the
@@ -39,6 +41,7 @@ from . import checkpoint as ckpt
 from .critic_model import CriticModel
 from .models import build_critic, build_ref, check_critic_lora, ref_is_base
 from .policy_model import PolicyModel, ReferenceModel
+from .preflight import preflight
 from .resume import ResumePlan, plan_resume, settings_of
 from .sft import warm_start
 from .sources import build_rollout, rollout_mode
@@ -79,6 +82,8 @@ class Trainer:
         if distill is not None:  # the teachers' vocabularies and routes, before any weights load
             check_teachers(distill, self.tokenizer, student_key="tokenizer_path" if cfg.tokenizer_path else "actor.path",
                            student_path=cfg.tokenizer_path or cfg.actor.path, samples=self.train_samples)
+        self.preflight = preflight(components, self.tokenizer, self.train_samples, self.valid_samples,
+                                   resuming=bool(resume_from), main=self.dist.is_main)  # before any weights load
         self.policy = PolicyModel.load(cfg.actor, tokenizer=self.tokenizer, device=self.device, dist=self.dist,
                                        seed=cfg.seed, resume_from=self.resume_from)
         self._check_critic()
@@ -97,8 +102,7 @@ class Trainer:
         self.source, self.eval_workflow = rollout.source, rollout.eval_workflow
         self.policy.colocated = rollout.colocated
         self.engine_samples_model = not components.rollout.engine.holds_own_weights
-        total = cfg.total_train_epochs * self.loader.steps_per_epoch
-        self.total_steps = min(total, cfg.total_train_steps) if cfg.total_train_steps else total
+        self.total_steps = self.preflight.total_steps
         self.reference: ReferenceModel | None = None
         self.critic: CriticModel | None = None
         self.teachers: Teachers | None = None
@@ -125,7 +129,7 @@ class Trainer:
     # -- models -----------------------------------------------------------------------------------------
     def warm_start(self) -> dict[str, float]:
         metrics = warm_start(self.policy.model, self.tokenizer, self.train_samples, self.cfg, device=self.device,
-                             autocast_dtype=self.policy.autocast)
+                             autocast_dtype=self.policy.autocast, plan=self.preflight.warm)
         self.policy.base_changed |= bool(metrics)  # a warm start trained the base
         return metrics
 

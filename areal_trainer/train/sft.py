@@ -4,6 +4,13 @@ that a randomly initialised built-in model learns the answer format before RL.
 
 The loss is the mean negative log-likelihood of the answer tokens (the prompt is not trained on).
 
+Which rows. The warm start trains on the rows that have something to imitate: a reference answer as text
+(``train_dataset.answer_key``), a ``demonstration`` column or a ``demonstration_messages`` conversation.
+:func:`plan_warm_start` decides it from the samples before the policy's weights load: the rows it uses (a
+notice says how many when some have nothing), and for data with nothing to imitate in any row either a
+skipped warm start (``sft_warmup.steps`` null: a notice says why) or, with ``sft_warmup.steps`` set above
+0, a configuration error.
+
 Conversations. A row whose ``demonstration_messages`` column holds the turns that follow its prompt
 (assistant turns, tool results, ..., with the tools offered in ``demonstration_tools``) is rendered whole
 by the chat template and trained on its assistant turns only, each through the end-of-sequence token
@@ -19,6 +26,7 @@ import json
 import os
 import shutil
 import time
+from dataclasses import dataclass, field
 
 import torch
 from tqdm.auto import tqdm
@@ -26,7 +34,7 @@ from tqdm.auto import tqdm
 from .. import faults
 from ..config.schema import SFTWarmupConfig
 from ..data.datasets import demonstration
-from ..errors import UserError
+from ..errors import ConfigError, UserError
 from ..model.builtin import has_tools, is_builtin
 from ..model.chat import prompt_ids
 from ..rollout.batch import make_row, stack_rows
@@ -77,6 +85,77 @@ def with_tool_demonstrations(samples: list[dict]) -> list[dict]:
                              "demonstration_tools": [CALC_TOOL]}} for s in samples]
 
 
+@dataclass(frozen=True)
+class WarmStartPlan:
+    """What the warm start does, decided from the samples before any weights load (:func:`plan_warm_start`)."""
+
+    steps: int
+    """Its steps; 0: no warm start."""
+    samples: list[dict] = field(default_factory=list)
+    """The rows it trains on: those with something to imitate."""
+    notice: str | None = None
+    """A line for the console: rows left out, or why it is skipped."""
+    problems: tuple[str, ...] = ()
+    """Configuration problems: the run cannot start."""
+
+
+def warm_start_steps(cfg) -> int:
+    """The steps ``cfg`` (a ``TrainerConfig``) asks for: ``sft_warmup.steps``, by default
+    :data:`DEFAULT_SFT_STEPS` for built-in models and none for others."""
+    steps = cfg.sft_warmup.steps
+    return steps if steps is not None else (DEFAULT_SFT_STEPS if is_builtin(cfg.actor.path) else 0)
+
+
+def _conversation_problem(sample: dict) -> str | None:
+    conversation = sample["fields"].get("demonstration_messages")
+    if conversation is None or (isinstance(conversation, list) and any(
+            isinstance(m, dict) and m.get("role") == "assistant" for m in conversation)):
+        return None
+    return (f"sft_warmup: {sample['row']}: 'demonstration_messages' must be a list of chat messages (the turns "
+            f"after the prompt) with an assistant turn, got {conversation!r:.200}.")
+
+
+def imitable(sample: dict) -> bool:
+    """Whether a row has something to imitate: a ``demonstration_messages`` conversation, or a text
+    (its ``demonstration`` column, else its reference answer)."""
+    if sample["fields"].get("demonstration_messages") is not None:
+        return True
+    target = demonstration(sample)
+    return isinstance(target, str) and bool(target.strip())
+
+
+# What counts, in the words of every notice and problem below.
+IMITATE = ("something to imitate (a reference answer as text, named by {key}.answer_key; a 'demonstration' "
+           "column; or a 'demonstration_messages' conversation)")
+
+
+def plan_warm_start(samples: list[dict], cfg, key: str = "train_dataset") -> WarmStartPlan:
+    """The warm start ``cfg`` (a ``TrainerConfig``) asks for on ``samples`` (see the module docstring)."""
+    steps = warm_start_steps(cfg)
+    if steps <= 0:
+        return WarmStartPlan(0)
+    bad = [p for s in samples if (p := _conversation_problem(s))]
+    more = f" ({len(bad) - 1} more of the {len(samples)} rows have such problems too.)" if len(bad) > 1 else ""
+    problems = (bad[0] + more,) if bad else ()
+    usable = [s for s in samples if imitable(s)]
+    what = IMITATE.format(key=key)
+    if not usable and cfg.sft_warmup.steps is None:
+        return WarmStartPlan(0, notice=(
+            f"SFT warm start skipped: no row of {key} has {what}, so the built-in model starts RL untrained. Add an "
+            f"answer column ({key}.answer_key=<column>) or a 'demonstration' column to warm it up, or set "
+            "sft_warmup.steps=0 to skip the warm start without this notice."))
+    if not usable:
+        return WarmStartPlan(0, problems=(*problems, (
+            f"sft_warmup.steps={steps}: no row of {key} ({key}.path={getattr(cfg, key).path!r}) has {what}, so the "
+            f"warm start has nothing to train on. Add an answer column ({key}.answer_key=<column>) or a "
+            "'demonstration' column, or set sft_warmup.steps=0 (no warm start).")))
+    notice = None
+    if len(usable) < len(samples):
+        notice = (f"SFT warm start: on the {len(usable)} of {len(samples)} rows of {key} that have {what}; the "
+                  f"other {len(samples) - len(usable)} have none.")
+    return WarmStartPlan(steps, usable, notice, problems)
+
+
 def sft_batch(samples: list[dict], tokenizer) -> dict[str, torch.Tensor]:
     """Prompt + reference answer + EOS rows; ``loss_mask`` marks the answer tokens (a demonstration
     conversation: its assistant turns, see the module docstring)."""
@@ -84,10 +163,8 @@ def sft_batch(samples: list[dict], tokenizer) -> dict[str, torch.Tensor]:
     for s in samples:
         conversation = s["fields"].get("demonstration_messages")
         if conversation is not None:
-            if not isinstance(conversation, list) or not any(isinstance(m, dict) and m.get("role") == "assistant"
-                                                             for m in conversation):
-                raise UserError(f"sft_warmup: {s['row']}: 'demonstration_messages' must be a list of chat messages "
-                                f"(the turns after the prompt) with an assistant turn, got {conversation!r:.200}.")
+            if (problem := _conversation_problem(s)) is not None:
+                raise UserError(problem)
             rows.append(make_row(conversation_segments(tokenizer, s["messages"] + conversation,
                                                        s["fields"].get("demonstration_tools"))))
             continue
@@ -192,11 +269,18 @@ def store_cached(model, key: str, metrics: dict) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def warm_start(model, tokenizer, samples: list[dict], cfg, *, device: torch.device, autocast_dtype=None) -> dict:
+def warm_start(model, tokenizer, samples: list[dict], cfg, *, device: torch.device, autocast_dtype=None,
+               plan: WarmStartPlan | None = None) -> dict:
     """The warm start ``cfg`` (a ``TrainerConfig``) asks for, in place on ``model``, reusing an identical
-    cached one for built-in models; returns its metrics for step 0 (empty when there is none)."""
-    sft = cfg.sft_warmup
-    steps = sft.steps if sft.steps is not None else (DEFAULT_SFT_STEPS if is_builtin(cfg.actor.path) else 0)
+    cached one for built-in models; returns its metrics for step 0 (empty when there is none). ``plan``: the
+    one the run decided before the weights loaded (and announced); without one it is decided here."""
+    if plan is None:
+        plan = plan_warm_start(samples, cfg)
+        if plan.problems:
+            raise ConfigError(list(plan.problems))
+        if plan.notice:
+            print(f"notice: {plan.notice}", flush=True)
+    sft, steps, samples = cfg.sft_warmup, plan.steps, plan.samples
     if steps <= 0:
         return {}
     if has_tools(cfg.actor.path) and cfg.train_dataset.path == "builtin:arith":
