@@ -23,6 +23,13 @@ the episode's ``--calls`` model calls (``examples/agents/bench_agent.py``).
     once for several steps. ``eta=2 narrow`` (``--wide 1``) limits a call to one step's groups
     (``rollout.max_concurrent_rollouts`` = the batch) to show the difference.
 
+(c) The same agent in its two forms, in-process (``run(data, *, client)``) and over the run's HTTP endpoint
+    with its own ``openai.AsyncOpenAI`` per episode (``run(data, *, base_url, api_key)``,
+    ``examples.agents.bench_agent.BenchHTTPAgent``), synchronous training through the real command line
+    as in (b), one run after the other; seconds per step and per rollout, and the ratio HTTP / in-process
+    (target: <= 1.3x per step). Both forms sample the same rows (``tests/rollout/test_agent_forms.py``),
+    so the difference is what the HTTP path costs.
+
     .venv/bin/python scripts/bench_agents.py                        # 0.2 s per tool call, 3 calls per episode
     .venv/bin/python scripts/bench_agents.py --latency 0.5 --calls 2
     .venv/bin/python scripts/bench_agents.py --quick                # a smoke run (well under a minute)
@@ -45,6 +52,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 AGENT = "examples.agents.bench_agent.BenchAgent"
+HTTP_AGENT = "examples.agents.bench_agent.BenchHTTPAgent"
+HTTP_TARGET = 1.3
+"""(c): the HTTP form's seconds per step at most this many times the in-process form's."""
 CONCURRENT_TARGET = 4.0
 """(a): concurrent episodes/s at least this many times the sequential episodes/s (0.2 s latency)."""
 ETA_TARGET = 1.3
@@ -140,13 +150,13 @@ def settings(s: dict) -> list[tuple[str, int, list[str]]]:
     return out
 
 
-def train_run(name: str, eta: int, extra: list[str], s: dict, args, tmp: str) -> dict:
+def train_run(name: str, eta: int, extra: list[str], s: dict, args, tmp: str, agent: str = AGENT) -> dict:
     run_dir = os.path.join(tmp, name.replace("=", "").replace(" ", "-"))
     overrides = [
         "--config-name", "grpo", f"actor.path={s['b_model']}", "sft_warmup.steps=0", f"seed={args.seed}",
         f"total_train_steps={s['b_warmup'] + s['b_steps']}", f"train_dataset.batch_size={s['b_prompts']}",
         "train_dataset.max_rows=2000", f"gconfig.n_samples={s['b_samples']}", f"gconfig.max_new_tokens={s['b_new']}",
-        f"gconfig.min_new_tokens={s['b_new']}", f"rollout.agent={AGENT}",
+        f"gconfig.min_new_tokens={s['b_new']}", f"rollout.agent={agent}",
         f"+rollout.agent_kwargs={{calls: {args.calls}, latency: {args.latency}}}",
         f"rollout.max_head_offpolicyness={eta}", "rollout.offpolicy_mode=concurrent",
         "valid_dataset=null", "evaluator.freq_steps=null", "evaluator.eval_before_train=false",
@@ -169,6 +179,7 @@ def train_run(name: str, eta: int, extra: list[str], s: dict, args, tmp: str) ->
 
     step = median("time/step")
     out = {"name": name, "eta": eta, "steps_per_s": 1.0 / step, "step_s": step, "process_s": time.time() - t0,
+           "rollout_s": median("time/rollout"),
            "train": statistics.median(r["time/logprobs"] + r["time/update"] for r in measured)}
     if eta == 0:  # the trainer waits for the whole rollout
         out.update(wait=median("time/rollout"), idle=statistics.median(r["time/rollout"] / r["time/step"]
@@ -218,12 +229,33 @@ def part_b(s: dict, args) -> float | None:
     return ratio
 
 
+def part_c(s: dict, args) -> float:
+    print(f"\n(c) one agent, two forms: {s['b_model']} (random weights), {s['b_prompts']} prompts x {s['b_samples']} "
+          f"episodes per step, {args.calls} calls each ({s['b_new']} new tokens), {args.latency:.2f} s per tool call, "
+          f"synchronous; medians of {s['b_steps']} steps after {s['b_warmup']}")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench_agents_") as tmp:
+        for name, agent in (("in-process", AGENT), ("HTTP", HTTP_AGENT)):
+            rows.append(train_run(name, 0, [], s, args, tmp, agent=agent))
+            print(f"  {name}: {rows[-1]['step_s']:.2f} s/step ({rows[-1]['process_s']:.0f} s in all)", flush=True)
+    head = f"  {'form':<10} | {'s/step':>6} | {'rollout s':>9} | {'train s':>7}"
+    print(head)
+    print("  " + "-" * (len(head) - 2))
+    for r in rows:
+        print(f"  {r['name']:<10} | {r['step_s']:>6.2f} | {r['rollout_s']:>9.2f} | {r['train']:>7.2f}")
+    local, http = rows
+    ratio = http["step_s"] / local["step_s"]
+    print(f"  HTTP / in-process: {ratio:.2f}x s/step, {http['rollout_s'] / local['rollout_s']:.2f}x s/rollout "
+          f"(target <= {HTTP_TARGET:g}x per step: {'met' if ratio <= HTTP_TARGET else 'MISSED'})")
+    return ratio
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--latency", type=float, default=0.2, help="seconds each tool call waits (default 0.2)")
     p.add_argument("--calls", type=int, default=3, help="model calls per episode, each followed by a tool call")
     p.add_argument("--quick", action="store_true", help="tiny sizes and 1 measured step: a smoke run")
-    p.add_argument("--parts", default="a,b", help="which measurements to run (a, b or a,b)")
+    p.add_argument("--parts", default="a,b,c", help="which measurements to run (a comma-separated subset of a,b,c)")
     p.add_argument("--seed", type=int, default=1)
     for key, value in DEFAULTS.items():
         p.add_argument("--" + key.replace("_", "-"), type=type(value), default=None,
@@ -245,6 +277,8 @@ def main() -> None:
         part_a(s, args)
     if "b" in parts:
         part_b(s, args)
+    if "c" in parts:
+        part_c(s, args)
 
 
 if __name__ == "__main__":

@@ -74,6 +74,12 @@ class RolloutConfig(Checked):
     extends the previous call's prompt and output exactly share one row)."""
     turn_discount: float = 1.0
     """Per-call rewards are discounted backwards: each call adds this factor times the next call's reward."""
+    agent_batching: str = "episodes"
+    """When the episodes' requests are sampled: ``episodes`` (default) waits until every episode in flight
+    has sent its next request (or ended), then samples them together, so which requests share a
+    generation call, and so a seeded run, does not depend on timing (tools, processes, HTTP); ``eager``
+    samples whatever is queued whenever the engine is free: faster when the episodes' tools take very
+    different times, but not reproducible."""
     tool_call_parser: str = "hermes"
     """How tool calls are read out of the model's text: ``hermes`` (Qwen, ``<tool_call>{json}</tool_call>``),
     ``mistral``, ``llama3_json``, or the import path of a parser class."""
@@ -94,6 +100,7 @@ class RolloutConfig(Checked):
 
     def _check_agent(self, key: str) -> list[str]:
         p = one_of(f"{key}.agent_export", self.agent_export, ("individual", "concat"))
+        p += one_of(f"{key}.agent_batching", self.agent_batching, ("episodes", "eager"))
         if self.agent_timeout is not None and not (is_number(self.agent_timeout) and self.agent_timeout > 0):
             p.append(f"{key}.agent_timeout: got {self.agent_timeout!r}; must be > 0 seconds, or null for no limit.")
         if not (is_number(self.turn_discount) and 0 < self.turn_discount <= 1):

@@ -27,8 +27,22 @@ def register_configs() -> None:
     ConfigStore.instance().store(name="base_config", node=TrainerConfig)
     # ``${eighth:${gconfig.max_new_tokens}}``: DAPO's overlong zone is the last eighth of the budget.
     OmegaConf.register_new_resolver("eighth", lambda n: max(1, int(n) // 8), replace=True)
+    # ``${answer_tokens:${rollout.agent}}``: the default answer budget, room for a tool call in agent runs.
+    OmegaConf.register_new_resolver("answer_tokens", answer_tokens, replace=True)
     ConfigLoaderImpl._apply_overrides_to_config = staticmethod(_apply_overrides_filling_null_sections)
     _DONE[0] = True
+
+
+WORKFLOW_NEW_TOKENS = 16
+"""The default ``gconfig.max_new_tokens`` of workflows: the built-in task's answers need about 10 tokens."""
+AGENT_NEW_TOKENS = 256
+"""The default ``gconfig.max_new_tokens`` of agent runs: a tool call (its JSON, with some text around it)
+takes 30 to 100 tokens, which 16 would cut."""
+
+
+def answer_tokens(agent) -> int:
+    """The default answer budget for a run whose ``rollout.agent`` is ``agent``."""
+    return WORKFLOW_NEW_TOKENS if agent is None else AGENT_NEW_TOKENS
 
 
 def _null_section_class(node):

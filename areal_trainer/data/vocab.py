@@ -13,6 +13,8 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
+from ..model.chat import unknown_pieces
+
 SHOWN = 10
 """How many of the unknown words a warning names, the most frequent first."""
 
@@ -48,7 +50,7 @@ def unknown_words(tokenizer, samples: list[dict]) -> UnknownWords | None:
                  for s in samples]
     distinct = sorted(set().union(*chunks_of))
     ids = tokenizer(distinct, add_special_tokens=False).input_ids
-    words_of = {c: _unknown_pieces(tokenizer, c, unk) for c, row in zip(distinct, ids) if unk in row}
+    words_of = {c: unknown_pieces(tokenizer, c) for c, row in zip(distinct, ids) if unk in row}
     if not words_of:
         return None
     counts: Counter = Counter()
@@ -58,20 +60,6 @@ def unknown_words(tokenizer, samples: list[dict]) -> UnknownWords | None:
         prompts += bool(words)
         counts.update(words)
     return UnknownWords(counts, prompts, len(samples))
-
-
-def _unknown_pieces(tokenizer, text: str, unk: int) -> list[str]:
-    """The unknown pieces of ``text`` as words: adjacent unknown tokens joined, surrounding spaces stripped."""
-    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    spans: list[list[int]] = []
-    for token, (start, end) in zip(enc.input_ids, enc.offset_mapping):
-        if token != unk:
-            continue
-        if spans and spans[-1][1] == start:
-            spans[-1][1] = end
-        else:
-            spans.append([start, end])
-    return [w for start, end in spans if (w := text[start:end].strip())]
 
 
 def unknown_words_warning(found: dict[str, UnknownWords], tokenizer_key: str, tokenizer_path: str) -> str:

@@ -16,3 +16,21 @@ def prompt_lengths(tokenizer, conversations: list[list[dict]]) -> list[int]:
         return []
     texts = tokenizer.apply_chat_template(conversations, add_generation_prompt=True, tokenize=False)
     return [len(ids) for ids in tokenizer(texts, add_special_tokens=False).input_ids]
+
+
+def unknown_pieces(tokenizer, text: str) -> list[str]:
+    """The words of ``text`` that ``tokenizer`` maps to its unknown token (adjacent unknown tokens joined,
+    surrounding spaces stripped), in order; none for a tokenizer without an unknown token."""
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if unk is None:
+        return []
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    spans: list[list[int]] = []
+    for token, (start, end) in zip(enc.input_ids, enc.offset_mapping):
+        if token != unk:
+            continue
+        if spans and spans[-1][1] == start:
+            spans[-1][1] = end
+        else:
+            spans.append([start, end])
+    return [w for start, end in spans if (w := text[start:end].strip())]

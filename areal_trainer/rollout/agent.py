@@ -30,8 +30,10 @@ import asyncio
 import concurrent.futures
 import inspect
 import os
+import sys
 import threading
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +49,13 @@ from .batcher import GenerationBatcher
 from .tool_parsers import get_parser
 from .trajectory import EXPORTS, discounted_rewards, export_rows
 from .types import Segment, TrajectoryGroup
+
+_UNSPELLABLE: set[str] = set()
+"""Words already warned about as unknown to the tokenizer (once per process)."""
+_REFUSED: set[str] = set()
+"""Agents whose refused requests were already warned about (once per process)."""
+BATCHING = ("episodes", "eager")
+"""``rollout.agent_batching``: when a generation call of the episodes' requests starts (``batcher.py``)."""
 
 
 @dataclass(frozen=True)
@@ -154,18 +163,23 @@ class AgentWorkflow:
         turn_discount: the per-call discount of later rewards, in (0, 1].
         tool_call_parser: the parser's name or import path.
         max_concurrent: most episodes in flight at once (None: all of a call).
+        batching: ``episodes``: a generation call waits until every episode in flight has asked (or
+            ended), so the calls do not depend on timing; ``eager``: a call starts whenever the engine is
+            free (``batcher.py``).
         server: a started ``EndpointServer`` for ``http`` agents (None: started on first use).
     """
 
     def __init__(self, *, engine, tokenizer, reward, agent: AgentSpec, timeout: float | None = None,
                  export: str = "individual", turn_discount: float = 1.0, tool_call_parser: str = "hermes",
-                 max_concurrent: int | None = None, server=None):
+                 max_concurrent: int | None = None, batching: str = "episodes", server=None):
         if export not in EXPORTS:
             raise UserError(f"rollout.agent_export: got {export!r}; must be one of {', '.join(EXPORTS)}.")
+        if batching not in BATCHING:
+            raise UserError(f"rollout.agent_batching: got {batching!r}; must be one of {', '.join(BATCHING)}.")
         self.engine, self.tokenizer, self.reward, self.agent = engine, tokenizer, reward, agent
         self.timeout, self.export, self.turn_discount = timeout, export, float(turn_discount)
         self.parser = get_parser(tool_call_parser)
-        self.max_concurrent, self.server = max_concurrent, server
+        self.max_concurrent, self.batching, self.server = max_concurrent, batching, server
         self.instance = agent.target(**agent.kwargs) if agent.is_class else None
         self.error_value = float(getattr(reward, "error_value", 0.0))
         self.max_error_fraction = float(getattr(reward, "max_error_fraction", 0.5))
@@ -180,40 +194,58 @@ class AgentWorkflow:
 
     async def _rollout(self, samples: list[dict], gconfig: Any) -> list[TrajectoryGroup]:
         g = gconfig.n_samples
-        batcher = GenerationBatcher(self.engine)
-        limit = asyncio.Semaphore(self.max_concurrent or len(samples) * g)
+        total = len(samples) * g
+        in_flight = min(self.max_concurrent or total, total)
+        ended = [0]
+        # A generation call waits for every episode in flight (``batching=episodes``): those holding one
+        # of the ``in_flight`` slots, which is every episode not ended, up to the number of slots.
+        episodes = (lambda: min(in_flight, total - ended[0])) if self.batching == "episodes" else None
+        batcher = GenerationBatcher(self.engine, episodes=episodes)
+        limit = asyncio.Semaphore(in_flight)
+
+        def end() -> None:
+            ended[0] += 1
+            batcher.wake()
+
         try:
-            outcomes = await asyncio.gather(*(self._episode(i * g + j, samples[i], batcher, gconfig, limit)
+            outcomes = await asyncio.gather(*(self._episode(i * g + j, samples[i], batcher, gconfig, limit, end)
                                               for i in range(len(samples)) for j in range(g)))
         finally:
             await batcher.close()
         self.batch_calls += batcher.calls
+        self._notify(outcomes)
         self._check_errors(outcomes)
         return [self._group(samples[i], outcomes[i * g:(i + 1) * g], batcher) for i in range(len(samples))]
 
     async def _episode(self, index: int, sample: dict, batcher: GenerationBatcher, gconfig: Any,
-                       limit: asyncio.Semaphore) -> _Outcome:
+                       limit: asyncio.Semaphore, end: Callable[[], None]) -> _Outcome:
         async with limit:
-            session = EpisodeSession(episode=index, tokenizer=self.tokenizer, batcher=batcher, gconfig=gconfig,
-                                     parser=self.parser)
-            key = None
             try:
-                async with asyncio.timeout(self.timeout) as deadline:
-                    try:
-                        if self.agent.style == "http":
-                            key = self._open_key(session)
-                        result = await self._call(session, self.data(sample), key)
-                        return _Outcome(session, "ok", result)
-                    except Exception as e:  # noqa: BLE001 - the agent's error is contained and counted
-                        if deadline.expired():
-                            raise
-                        return _Outcome(session, "error", error=_describe(e))
-            except TimeoutError:
-                return _Outcome(session, "timeout", error=f"took longer than rollout.agent_timeout={self.timeout:g} s")
+                return await self._run_episode(index, sample, batcher, gconfig)
             finally:
-                session.closed = True
-                if key is not None:
-                    self.server.close_episode(key)
+                end()
+
+    async def _run_episode(self, index: int, sample: dict, batcher: GenerationBatcher, gconfig: Any) -> _Outcome:
+        session = EpisodeSession(episode=index, tokenizer=self.tokenizer, batcher=batcher, gconfig=gconfig,
+                                 parser=self.parser)
+        key = None
+        try:
+            async with asyncio.timeout(self.timeout) as deadline:
+                try:
+                    if self.agent.style == "http":
+                        key = self._open_key(session)
+                    result = await self._call(session, self.data(sample), key)
+                    return _Outcome(session, "ok", result)
+                except Exception as e:  # noqa: BLE001 - the agent's error is contained and counted
+                    if deadline.expired():
+                        raise
+                    return _Outcome(session, "error", error=_describe(e))
+        except TimeoutError:
+            return _Outcome(session, "timeout", error=f"took longer than rollout.agent_timeout={self.timeout:g} s")
+        finally:
+            session.closed = True
+            if key is not None:
+                self.server.close_episode(key)
 
     @staticmethod
     def data(sample: dict) -> dict:
@@ -250,6 +282,28 @@ class AgentWorkflow:
             return await run(data, client=AgentClient(session), **kwargs)
         client = SyncAgentClient(session, asyncio.get_running_loop())
         return await asyncio.to_thread(run, data, client=client, **kwargs)
+
+    def _notify(self, outcomes: list[_Outcome]) -> None:
+        """Warn once about what the counters cannot say: words the tokenizer cannot spell, refused requests."""
+        sessions = [o.session for o in outcomes]
+        words = set().union(*(s.unknown_words for s in sessions)) - _UNSPELLABLE
+        if words:
+            _UNSPELLABLE.update(words)
+            tools = sorted(words & set().union(*(s.tool_names for s in sessions)))
+            shown = ", ".join(map(repr, sorted(words)[:10])) + (f" and {len(words) - 10} more" if len(words) > 10 else "")
+            named = f" (tool names among them: {', '.join(map(repr, tools))})" if tools else ""
+            _warn(f"rollout.agent {self.agent.path}: the tokenizer cannot spell {shown}{named} in the agent's "
+                          "requests: each reaches the model as the unknown token, the same for every such word, so "
+                          "the model can neither read nor write it. Name tools and their arguments with words the "
+                          "tokenizer knows (builtin:<size>-tools knows the tool calc and its argument expression), "
+                          "or use a pretrained model with its own tokenizer (actor.path).")
+        refused = next((s.first_bad_request for s in sessions if s.first_bad_request), None)
+        if refused and self.agent.path not in _REFUSED:
+            _REFUSED.add(self.agent.path)
+            n = sum(s.counters.bad_requests for s in sessions)
+            _warn(f"rollout.agent {self.agent.path}: the endpoint refused {n} of the agent's requests in this "
+                          f"rollout (counted in agent/bad_requests; nothing of them is sampled or trained); the first: "
+                          f"{refused}")
 
     # -- outcomes as rows -------------------------------------------------------------------------
     def _check_errors(self, outcomes: list[_Outcome]) -> None:
@@ -317,6 +371,10 @@ class AgentWorkflow:
         return TrajectoryGroup(tensors, stats=stats, episode_rows=tuple(counts), episode_rewards=tuple(episode_rewards))
 
 
+def _warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
 def _number(x: Any) -> float | None:
     if isinstance(x, bool) or not isinstance(x, (int, float)):
         try:
@@ -348,5 +406,7 @@ def _stats(outcomes: list[_Outcome]) -> dict[str, Sum]:
         "agent/tool_errors": Sum(float(sum(x.tool_errors for x in c))),
         "agent/tool_parse_failures": Sum(float(sum(x.tool_parse_failures for x in c))),
         "agent/length_refusals": Sum(float(sum(x.length_refusals for x in c))),
+        "agent/truncated": Sum(float(sum(x.truncated for x in c))),
+        "agent/bad_requests": Sum(float(sum(x.bad_requests for x in c))),
         "agent/concat_fallbacks": Sum(0.0),
     }

@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..model.chat import unknown_pieces
 from .batcher import GenerationBatcher
 from .limits import engine_positions, row_tokens
 from .openai_request import ChatRequest, RequestError, parse_chat_request
@@ -72,8 +73,14 @@ class EpisodeCounters:
     calls: int = 0
     tool_parse_failures: int = 0
     tool_calls: int = 0
+    """Tool calls read out of the model's answers (to requests that offered tools), whoever runs them."""
     tool_errors: int = 0
+    """``call_tool`` runs that failed: an unknown tool, bad arguments, or the tool raised."""
     length_refusals: int = 0
+    truncated: int = 0
+    bad_requests: int = 0
+    """Requests refused with a 4xx: malformed, unrenderable, an unknown completion id, a reward too early."""
+    """Answers that stopped at their token budget (``max_tokens``, ``gconfig.max_new_tokens`` or the row limit)."""
 
 
 def template_message(m: dict[str, Any]) -> dict[str, Any]:
@@ -110,6 +117,11 @@ class EpisodeSession:
         self.parser, self.model_name = parser, model_name
         self.records: list[CallRecord] = []
         self.counters = EpisodeCounters()
+        self.first_bad_request: str | None = None
+        self.unknown_words: set[str] = set()
+        """Words of the rendered requests that the tokenizer cannot spell (they render as its unknown token)."""
+        self.tool_names: set[str] = set()
+        """The tools offered by requests with such words (to tell which of the words are tool names)."""
         self.closed = False
         self._calls = 0
 
@@ -123,7 +135,12 @@ class EpisodeSession:
         except Exception as e:  # noqa: BLE001 - a template that cannot render the messages is a bad request
             raise RequestError(400, f"the chat template cannot render these messages: {type(e).__name__}: {e}",
                                param="messages") from e
-        return self.tokenizer(text, add_special_tokens=False).input_ids
+        ids = self.tokenizer(text, add_special_tokens=False).input_ids
+        unk = getattr(self.tokenizer, "unk_token_id", None)
+        if unk is not None and unk in ids:  # the built-in word-level tokenizers: words they do not know
+            self.unknown_words.update(unknown_pieces(self.tokenizer, text))
+            self.tool_names.update(t["function"]["name"] for t in request.tools)
+        return ids
 
     def sampling(self, request: ChatRequest) -> Any:
         """``gconfig`` with the request's overrides, for one answer."""
@@ -142,8 +159,22 @@ class EpisodeSession:
             return dataclasses.replace(g, **over)
         return type(g)(**{**vars(g), **over})
 
+    # -- refused requests -------------------------------------------------------------------------
+    def bad_request(self, error: RequestError) -> None:
+        """Count a request refused with a 4xx (the agent gets the error; nothing is sampled or trained)."""
+        self.counters.bad_requests += 1
+        if self.first_bad_request is None:
+            self.first_bad_request = f"{error.status}: {error.message}"
+
     async def create(self, request: ChatRequest) -> ChatCompletion:
         """Sample ``request.n`` answers and record each (the ``ChatHandler`` method)."""
+        try:
+            return await self._create(request)
+        except RequestError as e:
+            self.bad_request(e)
+            raise
+
+    async def _create(self, request: ChatRequest) -> ChatCompletion:
         if self.closed:
             raise RequestError(409, "this episode has ended; its client cannot be used any more.")
         prompt = self.render(request)
@@ -163,6 +194,7 @@ class EpisodeSession:
         if self.closed:  # the episode ended while this call was sampled: nothing of it is trained
             raise RequestError(409, "this episode has ended; its client cannot be used any more.")
         choices = []
+        self.counters.truncated += sum(bool(gen.truncated) for gen in gens)
         for i, gen in enumerate(gens):
             self.records.append(CallRecord(cid, i, call, list(prompt), list(gen.output_ids), list(gen.logprobs),
                                            list(gen.versions), bool(gen.truncated)))
@@ -177,6 +209,7 @@ class EpisodeSession:
         if request.tools and request.tool_choice != "none":
             parsed = self.parser.parse(text)
             self.counters.tool_parse_failures += parsed.failed
+            self.counters.tool_calls += len(parsed.tool_calls)  # whoever runs them: the agent or call_tool
             text, calls = parsed.content, parsed.tool_calls
         finish = "tool_calls" if calls else ("length" if gen.truncated else "stop")
         tool_calls = [ChatCompletionMessageToolCall(id=c.id, function=Function(name=c.name, arguments=c.arguments))
@@ -187,6 +220,15 @@ class EpisodeSession:
     # -- rewards and tools ------------------------------------------------------------------------
     def set_reward_now(self, completion_id: str | None, reward: Any) -> None:
         """Give the call ``completion_id`` (None: the latest call) the reward ``reward``."""
+        try:
+            self._set_reward(completion_id, reward)
+        except RequestError as e:
+            self.bad_request(e)
+            raise
+
+    def _set_reward(self, completion_id: str | None, reward: Any) -> None:
+        if self.closed:
+            raise RequestError(409, "this episode has ended; its rewards cannot be changed any more.")
         if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
             raise RequestError(400, f"reward must be a finite number, got {reward!r}.", param="reward")
         if completion_id is None:
@@ -210,7 +252,6 @@ class EpisodeSession:
         name = fn["name"] if isinstance(fn, dict) else fn.name
         arguments = fn["arguments"] if isinstance(fn, dict) else fn.arguments
         call_id = tool_call["id"] if isinstance(tool_call, dict) else tool_call.id
-        self.counters.tool_calls += 1
         by_name = {t.name: t for t in (as_tool(t) for t in tools)}
         if name not in by_name:
             self.counters.tool_errors += 1
@@ -245,12 +286,21 @@ def request_body(kwargs: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
+def parse_request(session: EpisodeSession, kwargs: dict[str, Any]) -> ChatRequest:
+    """``create(**kwargs)`` as a checked request; a malformed one is counted as the session's and raised."""
+    try:
+        return parse_chat_request(request_body(kwargs))
+    except RequestError as e:
+        session.bad_request(e)
+        raise
+
+
 @dataclass
 class _Completions:
     session: EpisodeSession
 
     async def create(self, **kwargs: Any) -> ChatCompletion:
-        return await self.session.create(parse_chat_request(request_body(kwargs)))
+        return await self.session.create(parse_request(self.session, kwargs))
 
 
 @dataclass
@@ -281,7 +331,7 @@ class _SyncCompletions:
     loop: asyncio.AbstractEventLoop
 
     def create(self, **kwargs: Any) -> ChatCompletion:
-        coro = self.session.create(parse_chat_request(request_body(kwargs)))
+        coro = self.session.create(parse_request(self.session, kwargs))
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
 

@@ -7,12 +7,20 @@ request with the same sampling settings and generates them in one ``engine.gener
 worker thread so the loop (and the tools of other episodes) keeps running meanwhile. Requests that
 arrive while a call runs form the next call.
 
-Order. A call's rows are the queued requests sorted by ``order`` (the episode's index and its call
-number), not by arrival: when every episode only awaits the client, each call holds the same
-requests in the same order however the threads are scheduled, so a seeded run samples the same
-tokens (the lagged mode's reproducibility rests on this). Before taking a batch the batcher lets the
-loop run until no coroutine is ready (``_settle``), so that episodes that are about to ask join the
-call instead of waiting for the next one.
+When a call starts. With ``episodes`` (the agent workflow's episodes in flight, a callable giving how
+many of them may still ask), a call waits until every one of those episodes has a request queued (or
+has ended): each call then holds exactly the requests of the episodes in flight, however long their
+tools, their processes or their HTTP requests took to get there, and whatever the threads' timing.
+Without ``episodes`` a call starts as soon as the engine is free and a request is queued ("eager":
+requests that arrive while a call runs form the next one). Either way, before taking a batch the
+batcher lets the loop run until no coroutine is ready (``_settle``), so that requests an episode
+sends together (``asyncio.gather`` of several calls) join the same call.
+
+Order. A call's rows are the queued requests sorted by ``order`` (the episode's index, its call
+number, the choice), not by arrival; requests of other sampling settings wait for the next call, the
+one of the lowest ``order`` choosing the settings first. Waiting for every episode plus this order
+make the calls, and so a seeded run's random draws, the same from run to run, for agents in process
+and over HTTP alike (the lagged mode's reproducibility rests on this). Eager calls depend on timing.
 
 Cancellation. A request whose episode is cancelled (a timeout) is dropped from the queue; one
 already being generated finishes with its call and its result is discarded.
@@ -21,6 +29,7 @@ already being generated finishes with its call and its result is discarded.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,10 +55,12 @@ class GenerationBatcher:
     Args:
         engine: an ``InferenceEngine`` (``generate(prompts, gconfig) -> list[Generation]``).
         max_batch: most rows per engine call (None: all queued requests).
+        episodes: how many episodes may still send a request (None: eager calls; see the module
+            docstring). Call :meth:`wake` when that number drops.
     """
 
-    def __init__(self, engine, max_batch: int | None = None):
-        self.engine, self.max_batch = engine, max_batch
+    def __init__(self, engine, max_batch: int | None = None, episodes: Callable[[], int] | None = None):
+        self.engine, self.max_batch, self.episodes = engine, max_batch, episodes
         self._queue: list[_Request] = []
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
@@ -73,6 +84,20 @@ class GenerationBatcher:
             if request in self._queue:
                 self._queue.remove(request)
             raise
+
+    def wake(self) -> None:
+        """Look at the queue again (an episode ended, so a call may no longer wait for it)."""
+        if self._wake is not None:
+            self._wake.set()
+
+    def _ready(self) -> bool:
+        """Whether a call may start: a request is queued and, when waiting for episodes, every
+        episode that may still ask has a request queued."""
+        if not self._queue:
+            return False
+        if self.episodes is None:
+            return True
+        return len({r.order[0] for r in self._queue}) >= self.episodes()
 
     async def close(self) -> None:
         """Stop serving (requests still queued fail with ``CancelledError``)."""
@@ -98,7 +123,7 @@ class GenerationBatcher:
             await self._wake.wait()
             self._wake.clear()
             await self._settle()
-            while self._queue:
+            while self._ready():
                 batch = self._take()
                 try:
                     gens = await asyncio.to_thread(self.engine.generate, [r.prompt for r in batch], batch[0].gconfig)
@@ -117,8 +142,8 @@ class GenerationBatcher:
                 await self._settle()
 
     def _take(self) -> list[_Request]:
-        """The queued requests of the first request's settings, in ``order`` (at most ``max_batch``)."""
-        key = _settings_key(self._queue[0].gconfig)
+        """The queued requests of the lowest-ordered request's settings, in ``order`` (at most ``max_batch``)."""
+        key = _settings_key(min(self._queue).gconfig)
         same = sorted(r for r in self._queue if _settings_key(r.gconfig) == key)
         batch = same[: self.max_batch] if self.max_batch else same
         taken = {id(r) for r in batch}

@@ -126,10 +126,25 @@ def _tool_calls(value: Any, param: str) -> list[dict[str, Any]] | None:
             raise _bad(f"{param}[{i}]", "expected {'id': ..., 'type': 'function', 'function': "
                        f"{{'name': ..., 'arguments': '<JSON>'}}}}, got {call!r}.")
         args = fn.get("arguments", "{}")
-        args = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+        args = _arguments(args, f"{param}[{i}].function.arguments")
         calls.append({"id": str(call.get("id") or ""), "type": "function",
                       "function": {"name": fn["name"], "arguments": args}})
     return calls
+
+
+def _arguments(value: Any, param: str) -> str:
+    """A tool call's arguments as JSON text of an object (as OpenAI sends them); an object is accepted too."""
+    if isinstance(value, dict):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, str):
+        try:
+            decoded = json.loads(value or "{}")
+        except json.JSONDecodeError as e:
+            raise _bad(param, f"expected the call's arguments as JSON text of an object, got {value!r:.200} "
+                       f"({e.msg} at position {e.pos}).") from None
+        if isinstance(decoded, dict):
+            return value
+    raise _bad(param, f"expected the call's arguments as JSON text of an object, got {value!r:.200}.")
 
 
 def _message(raw: Any, i: int) -> ChatMessage:

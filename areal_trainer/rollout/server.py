@@ -84,6 +84,11 @@ class LoopHandler:
     async def set_reward(self, completion_id: str | None, reward: float) -> None:
         return await self._on_loop(self.handler.set_reward(completion_id, reward))
 
+    def bad_request(self, error: RequestError) -> None:
+        note = getattr(self.handler, "bad_request", None)
+        if callable(note):
+            self.loop.call_soon_threadsafe(note, error)
+
     async def _on_loop(self, coro: Any) -> Any:
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
 
@@ -101,6 +106,30 @@ async def _json_object(request: Request) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise RequestError(400, f"The request body must be a JSON object, got {type(body).__name__}.")
     return body
+
+
+def _reward_body(body: dict[str, Any]) -> tuple[float, str | None]:
+    """``(reward, completion_id)`` of a ``set_reward`` body; raises ``RequestError`` (400) naming the field."""
+    reward, completion_id = body.get("reward"), body.get("completion_id")
+    if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
+        raise RequestError(400, f"Invalid value for 'reward': expected a finite number, got {reward!r}.",
+                           param="reward", code="invalid_value")
+    if completion_id is not None and not isinstance(completion_id, str):
+        raise RequestError(400, "Invalid value for 'completion_id': expected the id of a chat "
+                           f"completion (a string) or null, got {completion_id!r}.", param="completion_id")
+    return float(reward), completion_id
+
+
+async def _refused(handler: ChatHandler, parse: Callable[[Any], Any], body: Any) -> Any:
+    """``parse(await body)``; a request it refuses is reported to the handler (its ``bad_request``, if
+    any: the episode counts it) before the client gets the error."""
+    try:
+        return parse(await body)
+    except RequestError as e:
+        note = getattr(handler, "bad_request", None)
+        if callable(note):
+            note(e)
+        raise
 
 
 class EndpointServer:
@@ -253,7 +282,7 @@ class EndpointServer:
 
     async def _chat(self, request: Request) -> JSONResponse:
         async def action(handler: ChatHandler, request: Request) -> dict[str, Any]:
-            chat_request = parse_chat_request(await _json_object(request))
+            chat_request = await _refused(handler, parse_chat_request, _json_object(request))
             result = await call_handler(handler.create, chat_request)
             if isinstance(result, dict):
                 return result
@@ -265,16 +294,9 @@ class EndpointServer:
 
     async def _set_reward(self, request: Request) -> JSONResponse:
         async def action(handler: ChatHandler, request: Request) -> dict[str, Any]:
-            body = await _json_object(request)
-            reward, completion_id = body.get("reward"), body.get("completion_id")
-            if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
-                raise RequestError(400, f"Invalid value for 'reward': expected a finite number, got {reward!r}.",
-                                   param="reward", code="invalid_value")
-            if completion_id is not None and not isinstance(completion_id, str):
-                raise RequestError(400, "Invalid value for 'completion_id': expected the id of a chat "
-                                   f"completion (a string) or null, got {completion_id!r}.", param="completion_id")
-            await call_handler(handler.set_reward, completion_id, float(reward))
-            return {"ok": True, "completion_id": completion_id, "reward": float(reward)}
+            reward, completion_id = await _refused(handler, _reward_body, _json_object(request))
+            await call_handler(handler.set_reward, completion_id, reward)
+            return {"ok": True, "completion_id": completion_id, "reward": reward}
 
         return await self._guarded(request, action)
 

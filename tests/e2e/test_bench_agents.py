@@ -1,4 +1,4 @@
-"""scripts/bench_agents.py --quick runs both measurements end to end and prints every row of its tables
+"""scripts/bench_agents.py --quick runs its three measurements end to end and prints every row of its tables
 (timings are not checked: they depend on the machine and its load)."""
 
 import os
@@ -8,7 +8,7 @@ import sys
 from .helpers import ROOT, cli_env
 
 
-def test_bench_agents_quick_prints_both_tables(tmp_path):
+def test_bench_agents_quick_prints_every_table(tmp_path):
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "bench_agents.py"), "--quick"],
                           cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -19,3 +19,6 @@ def test_bench_agents_quick_prints_both_tables(tmp_path):
         assert any(line.startswith(f"{row} ") and line.count("|") >= 6 for line in lines), row
     assert any(line.startswith("concurrent / sequential: ") and "x episodes/s" in line for line in lines)
     assert any(line.startswith("eta=2 / sync: ") and "x steps/s" in line for line in lines)
+    for row in ("in-process", "HTTP"):
+        assert any(line.startswith(f"{row} ") and line.count("|") == 3 for line in lines), row
+    assert any(line.startswith("HTTP / in-process: ") and "x s/step" in line for line in lines)

@@ -297,4 +297,5 @@ def test_a_tool_that_raises_or_is_misused_returns_its_error_to_the_model_and_is_
     wf = _workflow(Scripted(tok, "7"), tok, "tests.rollout.test_agent.tool_user")
     [g] = wf.rollout(_samples(1), GenerationHyperparameters(n_samples=1, max_new_tokens=4))
     assert g["rewards"].tolist() == [1.0] and g.stats["agent/errors"].value == 0
-    assert g.stats["agent/tool_calls"].value == 4 and g.stats["agent/tool_errors"].value == 3
+    # The model's answer ("7") holds no tool call; the agent ran four of its own through call_tool.
+    assert g.stats["agent/tool_calls"].value == 0 and g.stats["agent/tool_errors"].value == 3

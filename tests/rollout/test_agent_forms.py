@@ -1,0 +1,98 @@
+"""One agent, two forms, one result: the same ``openai``-package agent run with the trainer's client and
+over the HTTP endpoint with its own ``openai.AsyncOpenAI`` gives, from the same seed, the same rows (prompt
+ids, sampled ids, log-probs, loss masks, versions, rewards) and the same counters, call after call, also
+though its requests reach the engine at different times (random waits, a tool in a worker thread, the
+sockets). Each generation call waits for every episode in flight (``rollout.agent_batching=episodes``),
+so the calls hold the same requests in the same order in both forms."""
+
+import types
+
+import pytest
+import torch
+
+from areal_trainer.config.schema import GenerationHyperparameters, SFTWarmupConfig
+from areal_trainer.data import arith
+from areal_trainer.model.builtin import build_model, build_tokenizer
+from areal_trainer.rollout.agent import AgentWorkflow, load_agent
+from areal_trainer.rollout.engine import HFEngine
+from areal_trainer.train.sft import sft_warmup, with_tool_demonstrations
+
+CPU = torch.device("cpu")
+MODEL = "builtin:tiny-tools"
+REWARD = types.SimpleNamespace(error_value=0.0, max_error_fraction=0.5)
+G = GenerationHyperparameters(n_samples=4, max_new_tokens=40, max_tokens=400)
+
+
+def _samples(split: str, n: int) -> list[dict]:
+    return [{"messages": [{"role": "user", "content": r["question"]}], "prompt": r["question"],
+             "answer": r["answer"], "fields": {"demonstration": r["demonstration"]}} for r in arith.generate(split, n)]
+
+
+class Recording:
+    """The engine, keeping the size of every generation call."""
+
+    def __init__(self, engine):
+        self.engine, self.sizes = engine, []
+        self.max_positions = engine.max_positions
+
+    def generate(self, prompts, gconfig):
+        self.sizes.append(len(prompts))
+        return self.engine.generate(prompts, gconfig)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    """The tool-calling built-in model after a short warm start on the calculator conversations, so that
+    its episodes call the tool, read the result and answer (multi-call episodes, some malformed calls)."""
+    tok = build_tokenizer(MODEL)
+    model = build_model(MODEL, tok, seed=0)
+    sft_warmup(model, tok, with_tool_demonstrations(_samples("train", 256)),
+               SFTWarmupConfig(lr=6e-3, batch_size=16, warmup_steps=5), steps=100, seed=0, device=CPU,
+               progress=False)
+    return Recording(HFEngine(model.eval(), tok, device=CPU)), tok
+
+
+def _rollouts(engine, tok, agent: str, batching: str, calls: int = 2):
+    """``calls`` rollout calls of 3 prompts x 4 episodes from seed 5; the groups of each and the engine's call sizes."""
+    rec, _ = engine
+    wf = AgentWorkflow(engine=rec, tokenizer=tok, reward=REWARD, agent=load_agent(agent, {}), export="concat",
+                       batching=batching)
+    torch.manual_seed(5)
+    rec.sizes = []
+    try:
+        out = [wf.rollout(_samples("test", 3), G) for _ in range(calls)]
+    finally:
+        wf.close()
+    return out, list(rec.sizes)
+
+
+def _same_groups(a, b):
+    assert len(a) == len(b)
+    for ga, gb in zip(a, b):
+        assert sorted(ga.tensors) == sorted(gb.tensors)
+        for k in ga.tensors:
+            assert torch.equal(ga.tensors[k], gb.tensors[k]), k
+        assert ga.episode_rows == gb.episode_rows and ga.episode_rewards == gb.episode_rewards
+        assert {k: v.value for k, v in ga.stats.items()} == {k: v.value for k, v in gb.stats.items()}
+
+
+def test_the_http_and_in_process_forms_give_the_same_rows_call_after_call(engine):
+    tok = engine[1]
+    local, local_sizes = _rollouts(engine, tok, "tests.agents.two_forms.run_client", "episodes")
+    http, http_sizes = _rollouts(engine, tok, "tests.agents.two_forms.run_http", "episodes")
+    assert local_sizes == http_sizes
+    for a, b in zip(local, http):
+        _same_groups(a, b)
+    # The episodes did what the comparison needs: calls the model answered with tool calls, read by the
+    # parser and run by the agent itself, and later calls that saw the tool's result.
+    stats = [g.stats for call in local for g in call]
+    assert sum(s["agent/calls"].value for s in stats) > sum(s["agent/episodes"].value for s in stats)
+    assert sum(s["agent/tool_calls"].value for s in stats) > 0
+
+
+def test_each_generation_call_holds_every_episode_in_flight(engine):
+    """12 episodes: the first call samples all 12 first requests; later calls all the episodes still going."""
+    tok = engine[1]
+    (groups,), sizes = _rollouts(engine, tok, "tests.agents.two_forms.run_http", "episodes", calls=1)
+    assert sizes[0] == 12 and sizes == sorted(sizes, reverse=True)
+    assert sum(sizes) == sum(g.stats["agent/calls"].value for g in groups)
