@@ -89,7 +89,8 @@ def arith_samples(n: int) -> list[dict]:
 
 def rollout_call(engine, tok, samples, gconfig, *, calls: int, latency: float, max_concurrent: int | None):
     """Wall seconds of one ``AgentWorkflow.rollout`` call, and its engine calls."""
-    from areal_trainer.rollout.agent import AgentWorkflow, load_agent
+    from areal_trainer.rollout.agent import AgentWorkflow
+    from areal_trainer.rollout.agent_spec import load_agent
 
     spec = load_agent(AGENT, {"calls": calls, "latency": latency})
     reward = types.SimpleNamespace(error_value=0.0, max_error_fraction=0.0)  # any failed episode stops the run

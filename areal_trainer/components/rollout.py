@@ -10,7 +10,8 @@ from typing import Any
 
 from ..errors import one_of
 from ..plugins import PluginError, check_signature, resolve
-from ..rollout.agent import AgentWorkflow, load_agent
+from ..rollout.agent import AgentWorkflow
+from ..rollout.agent_spec import load_agent
 from ..rollout.backends import ENGINES, EngineSpec
 from ..rollout.tool_parsers import get_parser
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import inspect
 import os
 import sys
 import threading
@@ -42,8 +41,8 @@ import torch
 from ..errors import UserError
 from ..metrics import Mean, Sum
 from ..model.chat import prompt_ids
-from ..plugins import PluginError, import_object
 from .agent_client import AgentClient, EpisodeSession, SyncAgentClient
+from .agent_spec import AgentSpec
 from .batch import make_row, stack_rows
 from .batcher import GenerationBatcher
 from .tool_parsers import get_parser
@@ -56,63 +55,6 @@ _REFUSED: set[str] = set()
 """Agents whose refused requests were already warned about (once per process)."""
 BATCHING = ("episodes", "eager")
 """``rollout.agent_batching``: when a generation call of the episodes' requests starts (``batcher.py``)."""
-
-
-@dataclass(frozen=True)
-class AgentSpec:
-    """A resolved ``rollout.agent``: what to call, how (``client`` or ``http``), and whether it is async."""
-
-    path: str
-    target: Any
-    """The function, or the class (instantiated when the workflow is built)."""
-    is_class: bool
-    style: str
-    """``client``: ``run(data, *, client)``; ``http``: ``run(data, *, base_url, api_key)``."""
-    is_async: bool
-    kwargs: dict
-
-
-def _run_of(target: Any, is_class: bool) -> Any:
-    return getattr(target, "run", None) if is_class else target
-
-
-def load_agent(path: Any, kwargs: dict, key: str = "rollout.agent") -> AgentSpec:
-    """Resolve and check ``rollout.agent``; raises :class:`PluginError` naming the key and the fix."""
-    target = import_object(path, key)
-    is_class = inspect.isclass(target)
-    run = _run_of(target, is_class)
-    shape = "an async function run(data, *, client) (or run(data, *, base_url, api_key)), or a class with such a run method"
-    if not callable(run):
-        what = "a class without a run method" if is_class else f"a {type(target).__name__}"
-        raise PluginError(f"{key}: {path!r} is {what}; it must be {shape}.")
-    try:
-        params = inspect.signature(run).parameters
-    except (TypeError, ValueError) as e:
-        raise PluginError(f"{key}: the signature of {path!r} cannot be read ({e}); it must be {shape}.") from e
-    names = set(params)
-    if "client" in names:
-        style = "client"
-    elif {"base_url", "api_key"} <= names:
-        style = "http"
-    else:
-        raise PluginError(f"{key}: {path!r} takes ({', '.join(params)}); it must take data and either client or "
-                          f"base_url and api_key as keyword arguments: {shape}.")
-    positional = [p for n, p in params.items() if n != "self" and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    if not positional and not any(p.kind is p.VAR_POSITIONAL for p in params.values()):
-        raise PluginError(f"{key}: {path!r} has no parameter for the dataset row; it must be {shape}.")
-    if is_class:
-        try:
-            inspect.signature(target).bind(**kwargs)
-        except TypeError as e:
-            raise PluginError(f"{key}: rollout.agent_kwargs {sorted(kwargs)} do not fit {path}({e}).") from e
-    else:
-        takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
-        unknown = [k for k in kwargs if k not in names and not takes_any]
-        if unknown:
-            raise PluginError(f"rollout.agent_kwargs: {', '.join(unknown)} are not parameters of {path!r} "
-                              f"(it takes {', '.join(params)}).")
-    is_async = inspect.iscoroutinefunction(run)
-    return AgentSpec(str(path), target, is_class, style, is_async, dict(kwargs))
 
 
 class DaemonExecutor(concurrent.futures.ThreadPoolExecutor):

@@ -16,8 +16,9 @@ from areal_trainer.data import arith
 from areal_trainer.errors import UserError
 from areal_trainer.model import builtin
 from areal_trainer.model.load import load_causal_lm, load_positions, load_tokenizer
-from areal_trainer.rollout.agent import AgentWorkflow, load_agent
+from areal_trainer.rollout.agent import AgentWorkflow
 from areal_trainer.rollout.agent_client import template_message
+from areal_trainer.rollout.agent_spec import load_agent
 from areal_trainer.rollout.tool_parsers import get_parser
 from areal_trainer.rollout.tools import tool_from_function
 from areal_trainer.rollout.types import Generation

@@ -12,7 +12,8 @@ from areal_trainer.config.schema import GenerationHyperparameters
 from areal_trainer.errors import UserError
 from areal_trainer.model.builtin import build_model, build_tokenizer
 from areal_trainer.plugins import PluginError
-from areal_trainer.rollout.agent import AgentWorkflow, load_agent
+from areal_trainer.rollout.agent import AgentWorkflow
+from areal_trainer.rollout.agent_spec import load_agent
 from areal_trainer.rollout.engine import HFEngine
 from areal_trainer.rollout.types import Generation
 

@@ -440,7 +440,8 @@ SAMPLE = {"messages": QUESTION, "prompt": QUESTION[0]["content"], "answer": "3 +
 
 
 def _workflow(stack, name, **kwargs):
-    from areal_trainer.rollout.agent import AgentWorkflow, load_agent
+    from areal_trainer.rollout.agent import AgentWorkflow
+    from areal_trainer.rollout.agent_spec import load_agent
 
     return AgentWorkflow(engine=stack.engine, tokenizer=stack.tokenizer, reward=None,
                          agent=load_agent(f"{__name__}.{name}", {}), **kwargs)

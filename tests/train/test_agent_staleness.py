@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from areal_trainer.config.schema import GenerationHyperparameters
 from areal_trainer.data.loader import PromptLoader
 from areal_trainer.model.builtin import build_tokenizer
-from areal_trainer.rollout.agent import AgentWorkflow, load_agent
+from areal_trainer.rollout.agent import AgentWorkflow
+from areal_trainer.rollout.agent_spec import load_agent
 from areal_trainer.rollout.staleness import StalenessManager
 from areal_trainer.train.async_rollout import AsyncSource
 

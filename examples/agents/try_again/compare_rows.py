@@ -69,7 +69,8 @@ def first_answer(row: dict) -> list[int]:
 def compare(name: str, tok, trainer, samples, args) -> None:
     import torch
 
-    from areal_trainer.rollout.agent import AgentWorkflow, load_agent
+    from areal_trainer.rollout.agent import AgentWorkflow
+    from areal_trainer.rollout.agent_spec import load_agent
     from areal_trainer.rollout.engine import HFEngine
     from areal_trainer.rollout.multiturn import MultiTurnWorkflow
 
