@@ -125,7 +125,7 @@ RULES: list[tuple[tuple[str, ...], Rule]] = [
      Rule(64, _advantage, "a mean of advantage-weighted terms that nearly cancel: absolute, scaled by the terms")),
     (("actor/approx_kl", "actor/behave_approx_kl", "mismatch/*", "advantage/kl_reward", "actor/importance_ratio/*",
       "actor/behave_ratio/*", "actor/behave_weight*", "actor/cispo/weight", "actor/sapo/*", "distill/reverse_kl",
-      "distill/token_loss", "distill/is_weight"),
+      "distill/token_loss", "distill/is_weight", "eval/distill/reverse_kl"),
      Rule(64, _logp, "exp or mean of log-prob differences: absolute, scaled by a log-prob (a max over tokens "
                      "picks the noisiest)")),
     (("critic/value/mean", "critic/old_value/mean", "critic/residual/mean", "critic/return/mean"),
@@ -134,7 +134,7 @@ RULES: list[tuple[tuple[str, ...], Rule]] = [
      Rule(64, _unit, "1 - var(residual)/var(return), near 0: absolute, the terms are of order 1")),
     (("actor/entropy", "*grad_norm", "sft/loss", "critic/value_loss", "critic/update/loss", "*/sq_mean",
       "advantage/abs_mean", "reward/task", "reward/sampled", "eval/reward", "reward/*", "eval/reward/*",
-      "distill/teacher_logp"),
+      "distill/teacher_logp", "eval/distill/teacher_logp"),
      Rule(64, _itself, "a mean of rewards, a loss or a norm, bounded away from zero: relative")),
 ]
 

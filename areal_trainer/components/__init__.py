@@ -32,6 +32,7 @@ from .distill import DistillSpec, bind_distill, wrap_loss
 from .loss import bind_policy_loss, policy_plan
 from .reward import RewardSpec, bind_reward
 from .rollout import RolloutParts, bind_rollout
+from .verifier import VerifierSpec, bind_verifier
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,8 @@ class Components:
     distill: DistillSpec | None = None
     """The teachers of on-policy distillation and how their term enters (None without ``teacher``); ``loss``
     then already holds the distillation term."""
+    verifier: VerifierSpec | None = None
+    """Where the held-out accuracy comes from, or what the held-out number is without one (``evaluator.verifier``)."""
 
 
 def _bind(fn: Callable, *args, problems: list[str]):
@@ -75,6 +78,7 @@ def problems_and_build(cfg: TrainerConfig) -> tuple[list[str], list[str], Compon
     """Every problem and warning of ``cfg``, and its components when there is no problem."""
     problems, warns = collect(cfg)
     reward = bind_reward(cfg.reward, problems)
+    verifier = bind_verifier(cfg, reward, problems)
     rollout = bind_rollout(cfg, problems)
     advantage = _bind(bind_advantage, cfg.actor, problems=problems)
     loss = _bind(bind_policy_loss, cfg.actor, problems=problems)
@@ -83,7 +87,7 @@ def problems_and_build(cfg: TrainerConfig) -> tuple[list[str], list[str], Compon
         return problems, warns, None
     valid = cfg.valid_dataset.inheriting(cfg.train_dataset) if cfg.valid_dataset is not None else None
     return [], warns, Components(cfg, advantage, wrap_loss(loss, distill, cfg.actor), policy_plan(cfg.actor), reward,
-                                 rollout, valid, tuple(warns), distill)
+                                 rollout, valid, tuple(warns), distill, verifier)
 
 
 def build(cfg: TrainerConfig) -> Components:

@@ -31,10 +31,30 @@ class SaverConfig(_Freq):
 
 @dataclass
 class EvaluatorConfig(_Freq):
-    """Held-out evaluation on ``valid_dataset`` with ``eval_gconfig`` (none when ``valid_dataset`` is null)."""
+    """Held-out evaluation on ``valid_dataset`` with ``eval_gconfig`` (none when ``valid_dataset`` is null).
+
+    It reports accuracy (``eval/accuracy``, ``eval/pass@k``) only from a *verifier*, a reward source whose
+    value says right or wrong; without one it reports the mean reward (``eval/reward``) and says what that
+    reward is. With a teacher it also reports the reverse KL to the teacher (``eval/distill/*``)."""
 
     eval_before_train: bool = False
     """Also evaluate once before the first training step (the run always evaluates after the last one)."""
+    verifier: str | None = None
+    """Which reward source's verdict is the held-out accuracy: one of the functions of ``reward.fn``, by
+    import path or name (correct when its value is positive, or as the function declares: the built-in
+    ``areal_trainer.reward.code.unit_tests`` only when every test passes); ``none``: report no accuracy.
+    null (auto): a built-in verifier among ``reward.fn`` (``areal_trainer.reward.math.gsm8k_reward_fn``,
+    ``unit_tests``), else the only reward function when every value it gives on the held-out set is 0 or 1,
+    else (a reward model, a scoring service, a mix without a verifier) no accuracy. Agent runs
+    (``rollout.agent``) use the agent's episode reward, a verifier when every held-out episode scores 0 or 1
+    (before ``rollout.turn_discount``); leave it null there, or ``none``."""
+
+    def check(self, key: str) -> list[str]:
+        p = super().check(key)
+        if self.verifier is not None and (not isinstance(self.verifier, str) or not self.verifier.strip()):
+            p.append(f"{key}.verifier: got {self.verifier!r}; give the import path or name of one of reward.fn's "
+                     "functions, none (no accuracy), or null (auto).")
+        return p
 
 
 @dataclass

@@ -94,6 +94,9 @@ def unit_tests(prompt, completion, answer, *, tests=None, timeout: float = 5.0, 
     return sum(passed) / len(test_list)
 
 
+unit_tests.verdict = "all_or_nothing"  # partial credit: an answer is correct only when every test passes
+
+
 def extract_code(completion: str) -> str:
     """The last fenced code block tagged ``python``/``py``/``python3`` or untagged, dedented; a block
     left open at the end (a completion cut off by the token limit) counts. A closing fence may end a

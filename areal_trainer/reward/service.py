@@ -192,7 +192,7 @@ class RewardService:
         self.weights = [1.0] * len(sources) if weights is None else [float(w) for w in weights]
         self.error_value, self.timeout_value = float(error_value), float(timeout_value)
         self.max_error_fraction = float(max_error_fraction)
-        self.names = _unique_names([s.name for s in self.sources])
+        self.names = unique_names([s.name for s in self.sources])
 
     def score(self, samples: Sequence[RewardSample]) -> RewardScores:
         """:meth:`ascore` from synchronous code (also from a thread that runs an event loop)."""
@@ -293,7 +293,7 @@ def sample_of(row: Mapping[str, Any], completion: str) -> RewardSample:
                         else completion, answer=row.get("answer"), fields=dict(row.get("fields") or {}))
 
 
-def _unique_names(names: list[str]) -> list[str]:
+def unique_names(names: list[str]) -> list[str]:
     """Source names as metric names: a name taken by a counter or an earlier source gets ``_2``, ``_3``..."""
     taken, out = set(COUNTERS), []
     for name in names:

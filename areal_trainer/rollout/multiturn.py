@@ -15,7 +15,9 @@ only with room for a whole answer, so no row exceeds the limit.
 
 Reward. The reward of the last answer ``r``, discounted once per extra turn when it is positive:
 ``r * turn_discount ** (num_turns - 1)``, so a right first answer is worth most. A non-positive
-reward is kept as is (discounting a negative reward would favour more turns).
+reward is kept as is (discounting a negative reward would favour more turns). Each reward source's own
+value of the last answer, undiscounted, goes into the group's ``source_values``: the held-out accuracy
+counts an episode right when its last answer is (right within the turns).
 
 Rows. One trajectory row per episode, token-aligned (``rollout/batch.py``)::
 
@@ -80,6 +82,8 @@ class Episode:
     rewards: list[float] = field(default_factory=list)
     stats: list[dict] = field(default_factory=list)
     """The reward's metrics of each of its answers (counters and source means)."""
+    values: dict[str, float | None] = field(default_factory=dict)
+    """Each reward source's own value for its latest answer (the one that ended it, once it has ended)."""
     truncated: bool = False
     active: bool = True
 
@@ -157,6 +161,7 @@ class MultiTurnWorkflow:
             scores = self.reward.score_completions([samples[e.sample] for e in active], texts)
             for j, (e, x, r) in enumerate(zip(active, gens, scores.rewards)):
                 e.stats.append(scores.typed(j, j + 1))
+                e.values = {name: v[j] for name, v in scores.values.items()}
                 self._advance(e, x, float(r), turn, feedback[e.sample], gconfig)
         return [self._group(episodes[i * g:(i + 1) * g]) for i in range(len(samples))]
 
@@ -182,4 +187,7 @@ class MultiTurnWorkflow:
         tensors["rewards"] = torch.tensor([self.episode_reward(e) for e in episodes], dtype=torch.float32)
         tensors["is_truncated"] = torch.tensor([e.truncated for e in episodes])
         tensors["num_turns"] = torch.tensor([float(e.num_turns) for e in episodes])
-        return TrajectoryGroup(tensors, stats=reduce([s for e in episodes for s in e.stats]))
+        # An episode is right when its last answer is (it stops at the first right one): the sources' values
+        # of that answer, undiscounted, are what a verifier's held-out accuracy reads.
+        values = {name: tuple(e.values.get(name) for e in episodes) for name in episodes[0].values}
+        return TrajectoryGroup(tensors, stats=reduce([s for e in episodes for s in e.stats]), source_values=values)

@@ -110,6 +110,10 @@ class TrajectoryGroup:
     None: every row is its own episode. Group statistics count episodes."""
     episode_rewards: tuple[float, ...] | None = None
     """Each episode's reward (the discounted return of its first call), the value group statistics use."""
+    source_values: dict[str, tuple[float | None, ...]] | None = None
+    """Each reward source's own value per row, by its metric name (``reward/<name>``; None where it gave no
+    number), before the weighted sum: the held-out accuracy reads its verifier's values from here
+    (``evaluator.verifier``). The built-in workflows set it (a multi-turn row: its last answer's values)."""
 
     def __getitem__(self, key: str) -> torch.Tensor:
         return self.tensors[key]

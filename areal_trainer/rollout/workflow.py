@@ -44,5 +44,6 @@ class RLVRWorkflow:
             tensors["rewards"] = torch.tensor(scores.rewards[i * g:(i + 1) * g], dtype=torch.float32)
             tensors["is_truncated"] = torch.tensor([x.truncated for x in mine])
             tensors["num_turns"] = torch.ones(g)
-            groups.append(TrajectoryGroup(tensors, stats=scores.typed(i * g, (i + 1) * g)))
+            groups.append(TrajectoryGroup(tensors, stats=scores.typed(i * g, (i + 1) * g), source_values={
+                name: tuple(v[i * g:(i + 1) * g]) for name, v in scores.values.items()}))
         return groups

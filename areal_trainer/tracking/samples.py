@@ -150,10 +150,11 @@ def _indented(label: str, text: str) -> str:
     return f"  {label}" + text.rstrip("\n").replace("\n", "\n" + pad)
 
 
-def eval_example(tokenizer, group: Mapping[str, torch.Tensor], step: int) -> str:
+def eval_example(tokenizer, group: Mapping[str, torch.Tensor], step: int, correct: bool | None = None) -> str:
     """Console text of the first sample of an evaluation ``group`` (``[G, L]`` rows, ``rewards``
-    ``[G]``): prompt, completion and reward; correct means a positive reward, as in ``eval/accuracy``."""
+    ``[G]``): prompt, completion and reward, with the verifier's verdict when there is one (``correct``, as
+    ``eval/accuracy`` counts it; None: the run has no verifier, and no verdict is shown)."""
     r = row_record(tokenizer, {k: group[k][0] for k in _ROW_KEYS if k in group})
-    verdict = "correct" if r["reward"] > 0 else "wrong"
-    return "\n".join([f"eval example at step {step}: reward {r['reward']:.3f} ({verdict})",
+    verdict = "" if correct is None else " (correct)" if correct else " (wrong)"
+    return "\n".join([f"eval example at step {step}: reward {r['reward']:.3f}{verdict}",
                       _indented("prompt:     ", r["prompt"]), _indented("completion: ", r["completion"])])

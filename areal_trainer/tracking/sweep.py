@@ -1,6 +1,7 @@
-"""Compare the runs of a sweep: a table (held-out accuracy before/after RL, training reward, time
-per step, per algorithm and seed), for off-policy runs a second one (staleness, clip fraction,
-train/inference mismatch, masked tokens), and one PNG with every algorithm's reward curve.
+"""Compare the runs of a sweep: a table (held-out accuracy before/after RL, or the held-out mean reward
+of runs without a verifier; training reward, time per step, per algorithm and seed), for off-policy runs
+a second one (staleness, clip fraction, train/inference mismatch, masked tokens), and one PNG with every
+algorithm's reward curve.
 Runs are labelled by ``algorithm``, with the staleness bound and the rollout precision when set
 (``grpo η=2 bfloat16``), so settings swept together stay apart.
 
@@ -18,6 +19,7 @@ import yaml
 from hydra.experimental.callback import Callback
 
 from .logger import read_metrics
+from .plot import held_out_kind
 
 TAIL = 10
 """Training reward is the mean over the last ``TAIL`` steps (one step is a noisy sample)."""
@@ -65,13 +67,17 @@ def _run_info(run_dir: str) -> dict | None:
         cfg = yaml.safe_load(f)
     records = read_metrics(metrics)
     steps = [r for r in records if "reward/task" in r]
-    acc = [r["eval/accuracy"] for r in records if "eval/accuracy" in r]
+    kind = held_out_kind(records)
+    held = [r["eval/accuracy" if kind == "accuracy" else "eval/reward"] for r in records
+            if ("eval/accuracy" if kind == "accuracy" else "eval/reward") in r]
+    acc = held if kind == "accuracy" else []
     times = [r["time/step"] for r in steps if "time/step" in r]
     return {
         "algorithm": label(cfg), "seed": cfg.get("seed"), "dir": os.path.basename(run_dir),
         "offpolicy": _offpolicy(steps),
         "eta": (cfg.get("rollout") or {}).get("max_head_offpolicyness") or 0,
         "steps": len(steps), "acc_before": acc[0] if acc else None, "acc_after": acc[-1] if len(acc) > 1 else None,
+        "held_out": kind, "before": held[0] if held else None, "after": held[-1] if len(held) > 1 else None,
         "reward_last": sum(_reward(r) for r in steps[-TAIL:]) / max(1, len(steps[-TAIL:])) if steps else None,
         "sec_per_step": sum(times) / len(times) if times else None,
         "curve": [(r["step"], _reward(r)) for r in steps],
@@ -99,26 +105,53 @@ def _fmt(x, pct=False) -> str:
     return f"{100 * x:.1f}%" if pct else f"{x:.3f}"
 
 
+HEADERS = {frozenset({"accuracy"}): ("held-out acc.", "acc.", "change (points)"),
+           frozenset({"reward"}): ("held-out mean reward", "mean reward", "change"),
+           frozenset({"accuracy", "reward"}): ("held-out acc. or mean reward*", "acc. or mean reward*", "change*")}
+"""Column names by what the runs' held-out numbers are: accuracy where a run had a verifier, else its mean
+held-out reward (never called an accuracy)."""
+MIXED_NOTE = ("* a percentage is a held-out accuracy (points of change); a number with three decimals is the "
+              "held-out mean reward of a run without a verifier.")
+
+
+def _held(r: dict, key: str) -> str:
+    return _fmt(r[key], pct=r["held_out"] == "accuracy")
+
+
+def _gain(r: dict) -> float | None:
+    if r["after"] is None or r["before"] is None:
+        return None
+    return (100 if r["held_out"] == "accuracy" else 1) * (r["after"] - r["before"])
+
+
+def _fmt_gain(r: dict, gain: float | None) -> str:
+    return "-" if gain is None else f"{gain:+.1f}" if r["held_out"] == "accuracy" else f"{gain:+.3f}"
+
+
 def table(runs: list[dict]) -> str:
     """Markdown: one row per run, then one row per algorithm with the mean over seeds."""
-    lines = ["| algorithm | seed | held-out acc. before RL | after RL | change (points) | sampled reward (last 10 steps) | s/step |",
+    kinds = frozenset(r["held_out"] for r in runs if r.get("held_out")) or frozenset({"accuracy"})
+    held, short, change = HEADERS[kinds]
+    lines = [f"| algorithm | seed | {held} before RL | after RL | {change} | sampled reward (last 10 steps) | s/step |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     by_algo = defaultdict(list)
     for r in runs:
         by_algo[r["algorithm"]].append(r)
-        gain = None if r["acc_after"] is None or r["acc_before"] is None else 100 * (r["acc_after"] - r["acc_before"])
-        lines.append(f"| {r['algorithm']} | {r['seed']} | {_fmt(r['acc_before'], True)} | {_fmt(r['acc_after'], True)} | "
-                     f"{'-' if gain is None else f'{gain:+.1f}'} | {_fmt(r['reward_last'])} | {_fmt(r['sec_per_step'])} |")
+        lines.append(f"| {r['algorithm']} | {r['seed']} | {_held(r, 'before')} | {_held(r, 'after')} | "
+                     f"{_fmt_gain(r, _gain(r))} | {_fmt(r['reward_last'])} | {_fmt(r['sec_per_step'])} |")
     if any(len(v) > 1 for v in by_algo.values()):
-        lines += ["", "| algorithm | seeds | mean acc. after RL | mean change (points) | mean sampled reward |", "| --- | --- | --- | --- | --- |"]
+        lines += ["", f"| algorithm | seeds | mean {short} after RL | mean {change} | mean sampled reward |",
+                  "| --- | --- | --- | --- | --- |"]
         for algo, rs in by_algo.items():
-            done = [r for r in rs if r["acc_after"] is not None and r["acc_before"] is not None]
-            if not done:
+            done = [r for r in rs if _gain(r) is not None]
+            if not done or len({r["held_out"] for r in done}) > 1:
                 continue
-            after = sum(r["acc_after"] for r in done) / len(done)
-            gain = sum(100 * (r["acc_after"] - r["acc_before"]) for r in done) / len(done)
+            after = {**done[0], "after": sum(r["after"] for r in done) / len(done)}
+            gain = sum(_gain(r) for r in done) / len(done)
             rew = sum(r["reward_last"] for r in done) / len(done)
-            lines.append(f"| {algo} | {len(done)} | {100 * after:.1f}% | {gain:+.1f} | {rew:.3f} |")
+            lines.append(f"| {algo} | {len(done)} | {_held(after, 'after')} | {_fmt_gain(after, gain)} | {rew:.3f} |")
+    if len(kinds) > 1:
+        lines += ["", MIXED_NOTE]
     if any(r["eta"] or r["offpolicy"]["|log pi_prox - log pi_behav|"] for r in runs):
         lines += ["", offpolicy_table(runs)]
     return "\n".join(lines) + "\n"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 
 from tqdm.auto import tqdm
 
@@ -21,7 +22,8 @@ from ..tracking.logger import NullLogger, StatsLogger, read_metrics
 from ..tracking.plot import plot_run
 from ..tracking.samples import eval_example, step_samples
 from . import checkpoint as ckpt
-from .evaluate import evaluate
+from .evaluate import evaluate, finish, reverse_kl, unscorable
+from .headline import headline, phase
 from .run import Trainer, seed_everything
 
 
@@ -42,8 +44,9 @@ def train(t: Trainer) -> dict[str, float]:
     log = StatsLogger(t.run_dir, cfg, resume_step=t.step if t.resume_from else None) if main else NullLogger()
     # On resume the bar starts from the latest accuracy in the metrics file (truncated to the checkpoint).
     metrics_file = os.path.join(t.run_dir, "metrics.jsonl")
+    pure = t.components.distill is not None and t.components.distill.pure  # the bar shows the KL, not a reward
     postfix = ProgressPostfix(read_metrics(metrics_file) if t.resume_from and main and os.path.exists(metrics_file)
-                              else None)
+                              else None, live="kl" if pure else "reward")
     if not t.resume_from:
         start(t, log, postfix)
     bar = tqdm(total=t.total_steps, initial=t.step, desc=f"{cfg.algorithm}", dynamic_ncols=True,
@@ -125,25 +128,35 @@ def evaluate_policy(t: Trainer) -> dict[str, float]:
     t0 = time.time()
     mine = t.valid_samples[t.dist.rank::t.dist.world_size]
     examples: list = []
+    problem = unscorable(t.teachers.spec, t.valid_samples) if t.teachers is not None else None
+    if problem and t.dist.is_main:  # the same rows on every process: they all skip the teachers' collectives
+        warnings.warn(f"no held-out reverse KL to the teacher (eval/distill/*): {problem}", UserWarning, stacklevel=1)
+    groups: list | None = [] if t.teachers is not None and problem is None else None  # kept for the teachers
     with fsdp.gathered(t.policy.model):
         out = evaluate(t.eval_workflow, mine, t.cfg.eval_gconfig, t.components.valid_dataset.batch_size,
-                       examples=examples)
-    if t.dist.is_main and examples:  # tqdm.write keeps a running progress bar intact
-        tqdm.write(eval_example(t.tokenizer, examples[0], t.step))
+                       examples=examples, verifier=t.components.verifier, turn_discount=t.cfg.rollout.turn_discount,
+                       keep=groups)
+    if groups is not None:
+        out.update(reverse_kl(t.policy, t.teachers, groups, samples=mine, step=t.step, device=t.device))
     out["time/eval"] = Mean(time.time() - t0)
-    return floats(t.dist.reduce_metrics(out))
+    out = finish(floats(t.dist.reduce_metrics(out)))
+    if t.dist.is_main and examples:  # tqdm.write keeps a running progress bar intact
+        group, correct = examples[0]
+        tqdm.write(eval_example(t.tokenizer, group, t.step, correct=correct if "eval/accuracy" in out else None))
+    return out
 
 
 def summary(t: Trainer, last: dict[str, float]) -> dict[str, float]:
     records = read_metrics(log_path := os.path.join(t.run_dir, "metrics.jsonl"))
-    acc = [(r["step"], r["eval/accuracy"]) for r in records if "eval/accuracy" in r]
+    verifier, distill = t.components.verifier, t.components.distill
     if t.cfg.stats_logger.plot and records:
-        plot_run(t.run_dir, title=f"{t.cfg.algorithm} / {t.cfg.experiment_name} / {t.cfg.trial_name}")
+        plot_run(t.run_dir, title=f"{t.cfg.algorithm} / {t.cfg.experiment_name} / {t.cfg.trial_name}",
+                 reward_label=verifier.what if verifier is not None else "reward",
+                 distill=distill is not None and distill.pure)
     out = {"final_step": t.step, **{k: v for k, v in last.items() if k.startswith(("eval/", "reward/"))}}
-    if acc:
-        before, after = acc[0][1], acc[-1][1]
-        out.update({"accuracy_before": before, "accuracy_after": after})
-        print(f"held-out accuracy: {100 * before:.1f}% at step {acc[0][0]} (before RL) -> {100 * after:.1f}% at "
-              f"step {acc[-1][0]} ({100 * (after - before):+.1f} points)")
+    lines, numbers = headline(records, verifier, trains_by=phase(distill))
+    out.update(numbers)
+    for line in lines:
+        print(line)
     print(f"run directory: {t.run_dir} (metrics: {log_path})")
     return out

@@ -1,7 +1,7 @@
 """The teachers of on-policy distillation at run time: checked when the run starts (their tokenizers
 against the student's, MOPD's routes against the training data; both before any weights load),
 loaded with the other frozen models, and asked once per step for the log-probs of the tokens the step
-trains on.
+trains on (and at each held-out evaluation for those of the held-out answers, ``train/evaluate.py``).
 
 A teacher is a frozen model in eval mode, like the reference policy: it runs through the same
 micro-batched, packed or shared-prefix forward and the chunked vocabulary head
@@ -110,27 +110,31 @@ class Teachers:
     def any_share(self) -> bool:
         return any(self.share.values())
 
-    def routes(self, batch) -> list[dict[str, float]]:
-        """Per prompt group of ``batch``: its teachers and their weights."""
+    def routes(self, batch, samples=None) -> list[dict[str, float]]:
+        """Per prompt group of ``batch``: its teachers and their weights. ``samples``: the rows the groups'
+        ``prompt_id`` index (default: the training rows; the held-out evaluation passes its own)."""
         if self.spec.identifier is None:
             return [self.spec.route(None)] * len(batch.group_sizes)
+        rows, kind = (self.samples, "training") if samples is None else (samples, "held-out")
         out = []
         for pid in batch.prompt_ids:
             if pid is None:
                 raise UserError("teacher: MOPD routes rows by their dataset row, but a trajectory group carries no "
                                 "prompt_id (a custom rollout source?); set TrajectoryGroup.prompt_id.")
-            out.append(self.spec.route(route_value(self.spec, self.samples[pid]), where=f"training row {pid}"))
+            out.append(self.spec.route(route_value(self.spec, rows[pid]), where=f"{kind} row {pid}"))
         return out
 
     @torch.no_grad()
-    def score(self, batch, groups: GroupPrefix | None, step: int) -> tuple[TeacherLogprobs, dict[str, Metric]]:
+    def score(self, batch, groups: GroupPrefix | None, step: int, samples=None
+              ) -> tuple[TeacherLogprobs, dict[str, Metric]]:
         """The teachers' ``[B, S]`` log-probs of ``batch``'s trained tokens (next-token aligned; 0 elsewhere)
         and their weights, plus the rows each teacher scored. ``groups``: the batch's prompt groups
-        when any model shares prefixes; ``step``: the step being trained (named in errors)."""
+        when any model shares prefixes; ``step``: the step being trained (named in errors); ``samples``:
+        see :meth:`routes`."""
         mask = aligned_mask(batch.loss_mask).bool()
         logp = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
         weight = torch.zeros_like(logp)
-        routes = self.routes(batch)
+        routes = self.routes(batch, samples)
         starts = [0]
         for n in batch.group_sizes:
             starts.append(starts[-1] + n)

@@ -1,4 +1,5 @@
-"""What a run tells the user: the progress bar's accuracy, offline wandb's single line, a reused warm start."""
+"""What a run tells the user: the progress bar's accuracy (or held-out mean reward, or distillation's KL),
+offline wandb's single line, a reused warm start."""
 
 import torch
 
@@ -23,6 +24,20 @@ def test_a_resumed_bar_starts_from_the_accuracy_in_the_metrics_file():
     records = [{"step": 0, "eval/accuracy": 0.1}, {"step": 1, "reward/task": 0.2}, {"step": 2, "eval/accuracy": 0.6},
                {"step": 3, "reward/task": 0.4}]
     assert ProgressPostfix(records)({"reward/task": 0.5}) == {"reward": "0.500", "acc": "0.600"}
+
+
+def test_without_a_verifier_the_bar_shows_the_held_out_mean_reward_and_never_acc():
+    postfix = ProgressPostfix()
+    assert postfix({"reward/task": 0.5, "eval/reward": 0.12}) == {"reward": "0.500", "eval_reward": "0.120"}
+    assert postfix({"reward/task": 0.6}) == {"reward": "0.600", "eval_reward": "0.120"}
+    # an evaluation whose values were not all 0 or 1 (a verifier chosen in auto) replaces an earlier accuracy
+    postfix({"eval/accuracy": 0.3, "eval/reward": 0.3})
+    assert postfix({"reward/task": 0.6, "eval/reward": 0.45}) == {"reward": "0.600", "eval_reward": "0.450"}
+
+
+def test_pure_distillation_shows_its_reverse_kl_not_a_reward():
+    postfix = ProgressPostfix([{"step": 0, "eval/accuracy": 0.25, "eval/reward": 0.25}], live="kl")
+    assert postfix({"reward/task": 0.0, "distill/reverse_kl": 0.4821}) == {"kl": "0.482", "acc": "0.250"}
 
 
 def test_offline_wandb_prints_one_line_naming_the_run_and_the_sync_command(tmp_path, monkeypatch, capfd):

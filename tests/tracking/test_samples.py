@@ -212,13 +212,16 @@ def test_wandb_gets_a_table_of_the_samples(tok, tmp_path):
 def test_eval_example_shows_prompt_completion_and_verdict(tok):
     p, a = prompt_of(tok, Q), ids(tok, A) + [tok.eos_token_id]
     g = group_of([make_row([Segment(p), answer(a, 4)])], [1.0], num_turns=[1.0])
-    text = eval_example(tok, g, step=7)
+    text = eval_example(tok, g, step=7, correct=True)
     assert text.splitlines()[0] == "eval example at step 7: reward 1.000 (correct)"
     assert text.splitlines()[1:] == [
         "  prompt:     <|im_start|>user", f"              {Q}<|im_end|>", "              <|im_start|>assistant",
         "  completion: 1 + 1 = 2", "              #### 2<eos>"]  # continuation lines indented
     g.tensors["rewards"][0] = 0.0
-    assert "reward 0.000 (wrong)" in eval_example(tok, g, step=7)
+    assert "reward 0.000 (wrong)" in eval_example(tok, g, step=7, correct=False)
+    # The verdict is the verifier's, never read from the reward: a run without one shows none.
+    g.tensors["rewards"][0] = 0.7
+    assert eval_example(tok, g, step=7).splitlines()[0] == "eval example at step 7: reward 0.700"
 
 
 # -- the config key -------------------------------------------------------------------------------

@@ -69,3 +69,36 @@ def test_offpolicy_grid_has_a_cell_per_correction_and_eta_and_says_when_seeds_ar
     assert "| naive | 50.0% (+30.0) | 60.0% (+40.0) |" in md  # the mean of two seeds
     assert "| icepop | - | 45.0% (+25.0) n=1 |" in md  # fewer seeds than the fullest cell: said so
     assert "| icepop | - | 0.0200 |" in md  # masked fraction
+
+
+def _reward_only_run(root, name, algo, seed, held_out):
+    d = os.path.join(root, name)
+    os.makedirs(os.path.join(d, ".hydra"))
+    with open(os.path.join(d, ".hydra", "config.yaml"), "w") as f:
+        f.write(f"algorithm: {algo}\nseed: {seed}\n")
+    with open(os.path.join(d, "metrics.jsonl"), "w") as f:
+        f.write(json.dumps({"step": 0, "eval/reward": held_out[0]}) + "\n")
+        f.write(json.dumps({"step": 1, "reward/task": 0.5, "time/step": 2.0}) + "\n")
+        f.write(json.dumps({"step": 1, "eval/reward": held_out[1]}) + "\n")
+
+
+def test_runs_without_a_verifier_report_their_mean_held_out_reward_never_an_accuracy(tmp_path):
+    _reward_only_run(tmp_path, "0-grpo-seed1", "grpo", 1, (0.12, 0.56))
+    _reward_only_run(tmp_path, "1-grpo-seed2", "grpo", 2, (0.10, 0.30))
+    runs = collect(str(tmp_path))
+    assert runs[0]["held_out"] == "reward" and runs[0]["acc_before"] is None and runs[0]["after"] == 0.56
+    md, _ = summarize(str(tmp_path))
+    assert "| algorithm | seed | held-out mean reward before RL | after RL | change |" in md
+    assert "| grpo | 1 | 0.120 | 0.560 | +0.440 | 0.500 | 2.000 |" in md
+    assert "| grpo | 2 | 0.430 | +0.320 | 0.500 |" in md  # the mean over seeds: after 0.43, change +0.32
+    assert "acc." not in md and "%" not in md
+
+
+def test_a_sweep_mixing_both_says_which_number_is_which(tmp_path):
+    _run(tmp_path, "0-grpo-seed1", "grpo", 1, [0.1, 0.3])
+    _reward_only_run(tmp_path, "1-rm-seed1", "rm", 1, (0.12, 0.56))
+    md, _ = summarize(str(tmp_path))
+    assert "| algorithm | seed | held-out acc. or mean reward* before RL | after RL | change* |" in md
+    assert "| grpo | 1 | 20.0% | 50.0% | +30.0 |" in md and "| rm | 1 | 0.120 | 0.560 | +0.440 |" in md
+    assert "* a percentage is a held-out accuracy (points of change); a number with three decimals is the held-out " \
+           "mean reward of a run without a verifier." in md
