@@ -23,12 +23,15 @@ the episode's ``--calls`` model calls (``examples/agents/bench_agent.py``).
     once for several steps. ``eta=2 narrow`` (``--wide 1``) limits a call to one step's groups
     (``rollout.max_concurrent_rollouts`` = the batch) to show the difference.
 
-(c) The same agent in its two forms, in-process (``run(data, *, client)``) and over the run's HTTP endpoint
-    with its own ``openai.AsyncOpenAI`` per episode (``run(data, *, base_url, api_key)``,
-    ``examples.agents.bench_agent.BenchHTTPAgent``), synchronous training through the real command line
-    as in (b), one run after the other; seconds per step and per rollout, and the ratio HTTP / in-process
-    (target: <= 1.3x per step). Both forms sample the same rows (``tests/rollout/test_agent_forms.py``),
-    so the difference is what the HTTP path costs.
+(c) One agent in its two forms: the calculator agent written against the ``openai`` package
+    (``examples/agents/calculator/openai_agent.py``) on its example's config (``builtin:tiny-tools`` after the
+    example's warm start, cached after the first run), in process (``run(data, *, client)``) and over the
+    run's HTTP endpoint (``run(data, *, base_url, api_key)``): ``HTTPAgent`` builds one ``openai.AsyncOpenAI``
+    and gives each episode its key with ``with_options`` (what docs/agents_http.md recommends),
+    ``run_new_client`` builds a new client in every episode. Synchronous training through the real command
+    line, one run after the other; seconds per step and per rollout, and the ratio to in-process (target:
+    <= 1.3x per step for the client built once). The forms sample the same rows from the same seed (the
+    script checks it), so the difference is what the HTTP path costs.
 
     .venv/bin/python scripts/bench_agents.py                        # 0.2 s per tool call, 3 calls per episode
     .venv/bin/python scripts/bench_agents.py --latency 0.5 --calls 2
@@ -52,7 +55,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 AGENT = "examples.agents.bench_agent.BenchAgent"
-HTTP_AGENT = "examples.agents.bench_agent.BenchHTTPAgent"
 HTTP_TARGET = 1.3
 """(c): the HTTP form's seconds per step at most this many times the in-process form's."""
 CONCURRENT_TARGET = 4.0
@@ -62,13 +64,16 @@ ETA_TARGET = 1.3
 DEFAULTS = dict(
     a_prompts=8, a_samples=4, a_new=8,
     b_model="builtin:tiny", b_prompts=8, b_samples=8, b_new=8, b_steps=12, b_warmup=2, etas="1,2", wide=1,
+    c_prompts=8, c_samples=8, c_steps=10, c_warmup=2, c_sft=300,
 )
 QUICK = dict(
     a_prompts=2, a_samples=2, a_new=4,
     b_model="builtin:tiny", b_prompts=2, b_samples=2, b_new=4, b_steps=1, b_warmup=1, etas="2", wide=0,
+    c_prompts=2, c_samples=2, c_steps=1, c_warmup=1, c_sft=10,
 )
 HELP = {"etas": "; eta values of (b) beside the synchronous run",
-        "wide": "; 1: add a run of the largest eta whose rollout calls take only one step's groups"}
+        "wide": "; 1: add a run of the largest eta whose rollout calls take only one step's groups",
+        "c_sft": "; warm-start steps of (c) (the calculator example's own: 300)"}
 
 
 def commit() -> str:
@@ -151,36 +156,42 @@ def settings(s: dict) -> list[tuple[str, int, list[str]]]:
     return out
 
 
-def train_run(name: str, eta: int, extra: list[str], s: dict, args, tmp: str, agent: str = AGENT) -> dict:
-    run_dir = os.path.join(tmp, name.replace("=", "").replace(" ", "-"))
+def train_run(name: str, eta: int, extra: list[str], s: dict, args, tmp: str) -> dict:
     overrides = [
         "--config-name", "grpo", f"actor.path={s['b_model']}", "sft_warmup.steps=0", f"seed={args.seed}",
         f"total_train_steps={s['b_warmup'] + s['b_steps']}", f"train_dataset.batch_size={s['b_prompts']}",
         "train_dataset.max_rows=2000", f"gconfig.n_samples={s['b_samples']}", f"gconfig.max_new_tokens={s['b_new']}",
-        f"gconfig.min_new_tokens={s['b_new']}", f"rollout.agent={agent}",
+        f"gconfig.min_new_tokens={s['b_new']}", f"rollout.agent={AGENT}",
         f"+rollout.agent_kwargs={{calls: {args.calls}, latency: {args.latency}}}",
-        f"rollout.max_head_offpolicyness={eta}", "rollout.offpolicy_mode=concurrent",
-        "valid_dataset=null", "evaluator.freq_steps=null", "evaluator.eval_before_train=false",
-        "saver.freq_steps=null", "stats_logger.progress_bar=false", "stats_logger.plot=false",
-        f"hydra.run.dir={run_dir}", *extra, *args.overrides]
+        f"rollout.max_head_offpolicyness={eta}", "rollout.offpolicy_mode=concurrent", *QUIET, *extra, *args.overrides]
+    return cli_run(name, eta, overrides, s["b_warmup"], tmp, "(b)")
+
+
+QUIET = ["valid_dataset=null", "evaluator.freq_steps=null", "evaluator.eval_before_train=false",
+         "saver.freq_steps=null", "stats_logger.progress_bar=false", "stats_logger.plot=false"]
+
+
+def cli_run(name: str, eta: int, overrides: list[str], warmup: int, tmp: str, part: str) -> dict:
+    """One training run through the command line; the medians of its steps after the first ``warmup``."""
+    run_dir = os.path.join(tmp, "".join(c if c.isalnum() else "-" for c in name))
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                WANDB_MODE="disabled", TOKENIZERS_PARALLELISM="false",
                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     t0 = time.time()
-    proc = subprocess.run([sys.executable, "-m", "areal_trainer", *overrides], cwd=tmp, env=env, capture_output=True,
-                          text=True)
+    proc = subprocess.run([sys.executable, "-m", "areal_trainer", *overrides, f"hydra.run.dir={run_dir}"], cwd=tmp,
+                          env=env, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise SystemExit(f"(b) {name} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+        raise SystemExit(f"{part} {name} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         steps = [r for r in map(json.loads, f) if "time/step" in r]
-    measured = steps[s["b_warmup"]:]
+    measured = steps[warmup:]
 
     def median(key: str) -> float:
         return statistics.median(r.get(key, 0.0) for r in measured)
 
     step = median("time/step")
     out = {"name": name, "eta": eta, "steps_per_s": 1.0 / step, "step_s": step, "process_s": time.time() - t0,
-           "rollout_s": median("time/rollout"),
+           "rollout_s": median("time/rollout"), "steps": measured,
            "train": statistics.median(r["time/logprobs"] + r["time/update"] for r in measured)}
     if eta == 0:  # the trainer waits for the whole rollout
         out.update(wait=median("time/rollout"), idle=statistics.median(r["time/rollout"] / r["time/step"]
@@ -230,25 +241,45 @@ def part_b(s: dict, args) -> float | None:
     return ratio
 
 
+FORMS = (("in-process", "examples.agents.calculator.openai_agent.run"),
+         ("HTTP", "examples.agents.calculator.openai_agent.HTTPAgent"),
+         ("HTTP, client per episode", "examples.agents.calculator.openai_agent.run_new_client"))
+"""(c): the calculator agent written against the ``openai`` package, in process and over HTTP."""
+
+
 def part_c(s: dict, args) -> float:
-    print(f"\n(c) one agent, two forms: {s['b_model']} (random weights), {s['b_prompts']} prompts x {s['b_samples']} "
-          f"episodes per step, {args.calls} calls each ({s['b_new']} new tokens), {args.latency:.2f} s per tool call, "
-          f"synchronous; medians of {s['b_steps']} steps after {s['b_warmup']}")
+    print(f"\n(c) one agent, two forms: the calculator agent of examples/agents/calculator/openai_agent.py on its "
+          f"example's config (builtin:tiny-tools after its warm start, cached), {s['c_prompts']} prompts x "
+          f"{s['c_samples']} episodes per step, synchronous; medians of {s['c_steps']} steps after {s['c_warmup']}")
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench_agents_") as tmp:
-        for name, agent in (("in-process", AGENT), ("HTTP", HTTP_AGENT)):
-            rows.append(train_run(name, 0, [], s, args, tmp, agent=agent))
+        for name, agent in FORMS:
+            overrides = ["--config-dir", os.path.join(ROOT, "examples", "agents", "calculator"), "--config-name",
+                         "calculator", f"seed={args.seed}", f"total_train_steps={s['c_warmup'] + s['c_steps']}",
+                         f"train_dataset.batch_size={s['c_prompts']}", f"gconfig.n_samples={s['c_samples']}",
+                         f"rollout.agent={agent}", f"sft_warmup.steps={s['c_sft']}", *QUIET, *args.overrides]
+            rows.append(cli_run(name, 0, overrides, s["c_warmup"], tmp, "(c)"))
             print(f"  {name}: {rows[-1]['step_s']:.2f} s/step ({rows[-1]['process_s']:.0f} s in all)", flush=True)
-    head = f"  {'form':<10} | {'s/step':>6} | {'rollout s':>9} | {'train s':>7}"
+    same = all(_sampled(r["steps"]) == _sampled(rows[0]["steps"]) for r in rows)
+    head = f"  {'form':<25} | {'s/step':>6} | {'rollout s':>9} | {'train s':>7} | {'vs in-process':>13}"
     print(head)
     print("  " + "-" * (len(head) - 2))
+    local = rows[0]
     for r in rows:
-        print(f"  {r['name']:<10} | {r['step_s']:>6.2f} | {r['rollout_s']:>9.2f} | {r['train']:>7.2f}")
-    local, http = rows
+        print(f"  {r['name']:<25} | {r['step_s']:>6.2f} | {r['rollout_s']:>9.2f} | {r['train']:>7.2f} | "
+              f"{r['step_s'] / local['step_s']:>12.2f}x")
+    print(f"  the three runs sampled {'the same' if same else 'DIFFERENT'} rows (calls, tokens, rewards at every step)")
+    http, fresh = rows[1], rows[2]
     ratio = http["step_s"] / local["step_s"]
     print(f"  HTTP / in-process: {ratio:.2f}x s/step, {http['rollout_s'] / local['rollout_s']:.2f}x s/rollout "
-          f"(target <= {HTTP_TARGET:g}x per step: {'met' if ratio <= HTTP_TARGET else 'MISSED'})")
+          f"(target <= {HTTP_TARGET:g}x per step: {'met' if ratio <= HTTP_TARGET else 'MISSED'}); a new client per "
+          f"episode: {fresh['step_s'] / local['step_s']:.2f}x s/step")
     return ratio
+
+
+def _sampled(steps: list[dict]) -> list[tuple]:
+    keys = ("agent/calls", "agent/tool_calls", "actor/n_valid_tokens", "reward/sampled")
+    return [tuple(r.get(k) for k in keys) for r in steps]
 
 
 def main() -> None:

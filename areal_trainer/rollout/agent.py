@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import inspect
 import os
 import sys
 import threading
@@ -126,13 +127,19 @@ class AgentWorkflow:
         self.error_value = float(getattr(reward, "error_value", 0.0))
         self.max_error_fraction = float(getattr(reward, "max_error_fraction", 0.5))
         self.batch_calls = 0
+        self._runner: asyncio.Runner | None = None
 
     # -- one rollout call -------------------------------------------------------------------------
     def rollout(self, samples: list[dict], gconfig: Any) -> list[TrajectoryGroup]:
-        """One group per sample (``gconfig.n_samples`` episodes each), in order."""
-        with asyncio.Runner() as runner:
-            runner.get_loop().set_default_executor(DaemonExecutor())
-            return runner.run(self._rollout(samples, gconfig))
+        """One group per sample (``gconfig.n_samples`` episodes each), in order.
+
+        Every rollout call runs on the same event loop, kept until :meth:`close`: what an agent keeps
+        between episodes and calls (an ``openai.AsyncOpenAI``, an HTTP session, a database pool) is bound
+        to one loop, and would fail on the next call's loop."""
+        if self._runner is None:
+            self._runner = asyncio.Runner()
+            self._runner.get_loop().set_default_executor(DaemonExecutor())
+        return self._runner.run(self._rollout(samples, gconfig))
 
     async def _rollout(self, samples: list[dict], gconfig: Any) -> list[TrajectoryGroup]:
         g = gconfig.n_samples
@@ -207,10 +214,30 @@ class AgentWorkflow:
         return self.server.open_episode(LoopHandler(session, asyncio.get_running_loop()))
 
     def close(self) -> None:
-        """Stop the HTTP endpoint, if one was started (the trainer calls this when the run ends)."""
+        """Stop the HTTP endpoint, if one was started, and close the episodes' event loop (the trainer calls
+        this when the run ends)."""
         if self.server is not None:
             server, self.server = self.server, None
             server.stop()
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            try:
+                self._close_instance(runner)
+            finally:
+                runner.close()
+
+    def _close_instance(self, runner: asyncio.Runner) -> None:
+        """Await the agent instance's ``close()`` (or ``aclose()``), if it has one, on the episodes' loop, so
+        that what it kept (a client, a session) closes where it was opened; a failure there is only reported."""
+        close = getattr(self.instance, "close", None) or getattr(self.instance, "aclose", None)
+        if not callable(close):
+            return
+        try:
+            result = close()
+            if inspect.isawaitable(result):
+                runner.run(asyncio.wait_for(result, 30))
+        except Exception as e:  # noqa: BLE001 - the run is ending; the agent's failure must not hide it
+            _warn(f"rollout.agent {self.agent.path}: its close() failed: {_describe(e)}")
 
     async def _call(self, session: EpisodeSession, data: dict, key: str | None) -> Any:
         run = self.instance.run if self.instance is not None else self.agent.target

@@ -1,8 +1,11 @@
 """What the progress bar shows after each step: the step's reward (pure distillation: its reverse KL to
 the teacher, as it calls no reward) and the latest held-out accuracy, or, for a run without a verifier,
-the latest held-out mean reward."""
+the latest held-out mean reward; for agent runs also the step's share of tool calls the parser could not
+read (``tool_fail``) and of answers cut at the token budget (``cut``)."""
 
 from __future__ import annotations
+
+from .health import rates
 
 LIVE = {"reward": ("reward", ("reward/task", "reward/sampled")), "kl": ("kl", ("distill/reverse_kl",))}
 """The bar's first entry: its name and the step's metrics it reads, the first one present."""
@@ -35,4 +38,5 @@ class ProgressPostfix:
         out = {name: f"{value:.3f}"}
         if self.held_out is not None:
             out[self.held_out[0]] = f"{self.held_out[1]:.3f}"
+        out.update((k, f"{v:.0%}") for k, v in rates(metrics).items())
         return out

@@ -18,6 +18,7 @@ from ..errors import UserError
 from ..metrics import Mean, floats
 from ..tracking import runlog
 from ..tracking.console import ProgressPostfix
+from ..tracking.health import HealthMonitor
 from ..tracking.logger import NullLogger, StatsLogger, read_metrics
 from ..tracking.plot import plot_run
 from ..tracking.samples import eval_example, step_samples
@@ -47,6 +48,10 @@ def train(t: Trainer) -> dict[str, float]:
     pure = t.components.distill is not None and t.components.distill.pure  # the bar shows the KL, not a reward
     postfix = ProgressPostfix(read_metrics(metrics_file) if t.resume_from and main and os.path.exists(metrics_file)
                               else None, live="kl" if pure else "reward")
+    health = HealthMonitor(max_new_tokens=cfg.gconfig.max_new_tokens)
+    if t.resume_from and main and os.path.exists(metrics_file):  # warned before the kill: not again
+        for r in read_metrics(metrics_file):
+            health.observe(r["step"], r)
     if not t.resume_from:
         start(t, log, postfix)
     bar = tqdm(total=t.total_steps, initial=t.step, desc=f"{cfg.algorithm}", dynamic_ncols=True,
@@ -82,6 +87,8 @@ def train(t: Trainer) -> dict[str, float]:
                 t.save()
                 last_save = time.time()
             last = metrics
+            for warning in health.observe(t.step, metrics) if main else ():
+                tqdm.write(warning)  # keeps a running progress bar intact
             shown = postfix(metrics)
             bar.set_postfix(shown)  # a dict, so the reward stays first
             bar.update(1)

@@ -8,8 +8,6 @@ what the task's ordinary runs learn.
 
     python -m areal_trainer --config-name grpo rollout.agent=examples.agents.bench_agent.BenchAgent \\
         '+rollout.agent_kwargs={calls: 3, latency: 0.2}'
-
-``BenchHTTPAgent`` is the same agent over the run's HTTP endpoint, with the ``openai`` package's client.
 """
 
 from __future__ import annotations
@@ -37,14 +35,3 @@ class BenchAgent:
             await asyncio.sleep(self.latency)  # the tool call
             messages += [{"role": "assistant", "content": content}, {"role": "tool", "content": "tool result"}]
         return gsm8k_reward_fn(data.get("prompt"), content, data.get("answer"))
-
-
-class BenchHTTPAgent(BenchAgent):
-    """The same episodes over the run's HTTP endpoint, each with its own ``openai.AsyncOpenAI`` (the HTTP
-    form of ``rollout.agent``, as an agent written for any OpenAI endpoint has it)."""
-
-    async def run(self, data, *, base_url, api_key):
-        import openai
-
-        async with openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
-            return await self.episode(data, client)

@@ -52,3 +52,61 @@ def sync_agent(data, *, client):
     r = client.chat.completions.create(model="policy", messages=data["messages"])
     client.set_reward(r.id, 0.5)
     return {r.id: 0.5}
+
+
+SEARCH = {"type": "function", "function": {"name": "search_web", "parameters": {
+    "type": "object", "properties": {"query": {"type": "string"}}}}}
+"""A tool whose name and argument the built-in tokenizers cannot spell."""
+BROKEN_CALL = {"role": "assistant", "content": None, "tool_calls": [
+    {"id": "call_1", "type": "function", "function": {"name": "search_web", "arguments": "{query: 'x'"}}]}
+"""An assistant message whose tool-call arguments are not JSON."""
+
+
+async def misbehaving(data, *, client):
+    """Refused requests, each caught: a reward before the first call, tool-call arguments that are not JSON,
+    then one good call (with a tool the tokenizer cannot spell), then a reward for an unknown completion id."""
+    from areal_trainer.rollout.openai_request import RequestError
+
+    refused = []
+    for attempt in (lambda: client.set_reward(None, 1.0),
+                    lambda: client.chat.completions.create(model="m", messages=[*data["messages"], BROKEN_CALL])):
+        try:
+            result = attempt()
+            if asyncio.iscoroutine(result):
+                await result
+        except RequestError as e:
+            refused.append(e.status)
+    r = await client.chat.completions.create(model="m", messages=data["messages"], tools=[SEARCH])
+    try:
+        client.set_reward("chatcmpl-unknown", 1.0)
+    except RequestError as e:
+        refused.append(e.status)
+    if refused != [404, 400, 404]:
+        raise AssertionError(f"refused with {refused}")
+    return float(bool(r.choices[0].message.content))
+
+
+async def misbehaving_http(data, *, base_url, api_key):
+    """:func:`misbehaving` over the HTTP endpoint with the ``openai`` package: its usual exceptions."""
+    import openai
+
+    async with openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
+        refused = []
+        try:
+            await client.post("/rl/set_reward", body={"reward": 1.0}, cast_to=object)
+        except openai.NotFoundError:
+            refused.append(404)
+        try:
+            await client.chat.completions.create(model="m", messages=[*data["messages"], BROKEN_CALL])
+        except openai.BadRequestError as e:
+            refused.append(400)
+            assert "messages[1].tool_calls[0].function.arguments" in str(e), e
+        r = await client.chat.completions.create(model="m", messages=data["messages"], tools=[SEARCH])
+        try:
+            await client.post("/rl/set_reward", body={"completion_id": "chatcmpl-unknown", "reward": 1.0},
+                              cast_to=object)
+        except openai.NotFoundError:
+            refused.append(404)
+    if refused != [404, 400, 404]:
+        raise AssertionError(f"refused with {refused}")
+    return float(bool(r.choices[0].message.content))

@@ -19,6 +19,6 @@ def test_bench_agents_quick_prints_every_table(tmp_path):
         assert any(line.startswith(f"{row} ") and line.count("|") >= 6 for line in lines), row
     assert any(line.startswith("concurrent / sequential: ") and "x episodes/s" in line for line in lines)
     assert any(line.startswith("eta=2 / sync: ") and "x steps/s" in line for line in lines)
-    for row in ("in-process", "HTTP"):
-        assert any(line.startswith(f"{row} ") and line.count("|") == 3 for line in lines), row
+    for row in ("in-process", "HTTP", "HTTP, client per episode"):
+        assert any(line.startswith(f"{row} ") and line.count("|") == 4 for line in lines), row
     assert any(line.startswith("HTTP / in-process: ") and "x s/step" in line for line in lines)

@@ -80,7 +80,7 @@ def _same_groups(a, b):
 def test_the_http_and_in_process_forms_give_the_same_rows_call_after_call(engine):
     tok = engine[1]
     local, local_sizes = _rollouts(engine, tok, "tests.agents.two_forms.run_client", "episodes")
-    http, http_sizes = _rollouts(engine, tok, "tests.agents.two_forms.run_http", "episodes")
+    http, http_sizes = _rollouts(engine, tok, "tests.agents.two_forms.HTTP", "episodes")
     assert local_sizes == http_sizes
     for a, b in zip(local, http):
         _same_groups(a, b)
@@ -94,6 +94,6 @@ def test_the_http_and_in_process_forms_give_the_same_rows_call_after_call(engine
 def test_each_generation_call_holds_every_episode_in_flight(engine):
     """12 episodes: the first call samples all 12 first requests; later calls all the episodes still going."""
     tok = engine[1]
-    (groups,), sizes = _rollouts(engine, tok, "tests.agents.two_forms.run_http", "episodes", calls=1)
+    (groups,), sizes = _rollouts(engine, tok, "tests.agents.two_forms.HTTP", "episodes", calls=1)
     assert sizes[0] == 12 and sizes == sorted(sizes, reverse=True)
     assert sum(sizes) == sum(g.stats["agent/calls"].value for g in groups)

@@ -43,7 +43,7 @@ def calc(expression: str) -> str:
     return str(_value(ast.parse(expression, mode="eval").body))
 
 
-def _final(text: str | None) -> str | None:
+def final_answer(text: str | None) -> str | None:
     found = _FINAL.findall(text or "")
     return found[-1] if found else None
 
@@ -55,7 +55,8 @@ async def run(data, *, client, max_turns: int = 3):
         reply = await client.chat.completions.create(model="policy", messages=messages, tools=[calc])
         message = reply.choices[0].message
         if not message.tool_calls:
-            return float(_final(message.content) is not None and _final(message.content) == _final(data["answer"]))
+            answer = final_answer(message.content)
+            return float(answer is not None and answer == final_answer(data["answer"]))
         messages.append(message)
         for call in message.tool_calls:
             messages.append(await client.call_tool(call, [calc]))

@@ -1,0 +1,84 @@
+"""The calculator agent written against the ``openai`` package, in both forms of ``rollout.agent``.
+
+``agent.py`` uses the trainer's client and its ``call_tool``. This one is written as for any OpenAI
+endpoint: it sends the tool's JSON schema, reads ``message.tool_calls``, runs ``calc`` itself and sends
+the result back as a ``role: tool`` message. It runs in either form, with the same rows from the same
+seed (``tests/rollout/test_agent_forms.py``):
+
+* ``run(data, *, client)``: in process, with the trainer's client;
+* :class:`HTTPAgent`: ``run(data, *, base_url, api_key)``, over the run's HTTP endpoint with
+  ``openai.AsyncOpenAI``. The client is built once, at the first episode, and each episode takes its own
+  key with ``with_options`` (which shares the connection pool); ``close()`` closes it when the run ends.
+  Building an ``openai.AsyncOpenAI`` costs 20 ms or more of CPU (its TLS setup), in every episode if
+  done there: :func:`run_new_client` does that, for comparison (``scripts/bench_agents.py``).
+
+    python -m areal_trainer --config-dir examples/agents/calculator --config-name calculator \\
+        rollout.agent=examples.agents.calculator.openai_agent.HTTPAgent
+"""
+
+from __future__ import annotations
+
+import json
+
+from .agent import calc, final_answer
+
+CALC = {"type": "function", "function": {
+    "name": "calc", "description": "Evaluate an arithmetic expression of integers with + - * /.",
+    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}
+MAX_TURNS = 3
+
+
+def run_calc(arguments: str) -> str:
+    """The tool on a call's JSON arguments; its error text when it fails (the model sees it)."""
+    try:
+        return calc(**json.loads(arguments))
+    except Exception as e:  # noqa: BLE001 - the model reads the error, as from any tool
+        return f"Error: {type(e).__name__}: {e}"
+
+
+async def solve(data, client, max_turns: int = MAX_TURNS) -> float:
+    """One episode with any ``openai.AsyncOpenAI``-like client: 1.0 when the final ``#### N`` is the answer."""
+    messages = list(data["messages"])
+    for _ in range(max_turns):
+        reply = await client.chat.completions.create(model="policy", messages=messages, tools=[CALC])
+        message = reply.choices[0].message
+        if not message.tool_calls:
+            answer = final_answer(message.content)
+            return float(answer is not None and answer == final_answer(data["answer"]))
+        messages.append(message)
+        for call in message.tool_calls:
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": run_calc(call.function.arguments)})
+    return 0.0
+
+
+async def run(data, *, client):
+    """In process: the trainer's client."""
+    return await solve(data, client)
+
+
+class HTTPAgent:
+    """Over the run's HTTP endpoint, with one ``openai.AsyncOpenAI`` for the whole run."""
+
+    def __init__(self):
+        self.client = None
+
+    async def run(self, data, *, base_url, api_key):
+        import openai
+
+        if self.client is None:
+            # No retries: every request is sampled and trained on, so a retried one would count twice.
+            self.client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+        return await solve(data, self.client.with_options(base_url=base_url, api_key=api_key))
+
+    async def close(self):
+        """Called once when the run ends, on the loop the episodes ran on."""
+        if self.client is not None:
+            await self.client.close()
+
+
+async def run_new_client(data, *, base_url, api_key):
+    """Over HTTP with a new client in every episode (slower: see the module docstring)."""
+    import openai
+
+    async with openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
+        return await solve(data, client)

@@ -1,0 +1,35 @@
+"""What an agent run says about its own traps, through the real command line: answers that mostly stop at
+gconfig.max_new_tokens (a warning naming the key), tool names the built-in tokenizer cannot spell (a warning
+naming them), and refused requests (a 4xx for the agent, counted in agent/bad_requests, a warning with the
+first one); nothing of a refused request is trained."""
+
+import json
+
+import pytest
+
+from .helpers import cli
+
+AGENTS = {"in_process": "tests.agents.simple.misbehaving", "http": "tests.agents.simple.misbehaving_http"}
+
+
+@pytest.mark.parametrize("form", sorted(AGENTS))
+def test_an_agent_run_names_its_traps_once_and_trains_only_what_was_sampled(tmp_path, form):
+    proc = cli(["--config-name", "grpo", "+scale=tiny", "actor.path=builtin:tiny-tools", f"rollout.agent={AGENTS[form]}",
+                "gconfig.max_new_tokens=3", "total_train_steps=2", "valid_dataset=null", "trial_name=t"], cwd=tmp_path)
+    out = proc.stdout + proc.stderr
+    assert "Traceback" not in out
+    limit = [line for line in out.splitlines() if "stopped at gconfig.max_new_tokens=3" in line]
+    assert len(limit) == 1 and limit[0].startswith("warning: step 1: ") and "Raise gconfig.max_new_tokens" in limit[0]
+    spell = [line for line in out.splitlines() if "the tokenizer cannot spell" in line]
+    assert len(spell) == 1 and "'search_web'" in spell[0] and "'query'" in spell[0]
+    assert "tool names among them: 'search_web'" in spell[0]
+    refused = [line for line in out.splitlines() if "refused" in line and line.startswith("warning: ")]
+    assert len(refused) == 1 and "agent/bad_requests" in refused[0] and "the first: 404: " in refused[0]
+    with open(tmp_path / "outputs" / "grpo" / "t" / "metrics.jsonl") as f:
+        steps = [r for r in map(json.loads, f) if "agent/episodes" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    for r in steps:
+        episodes = r["agent/episodes"]
+        assert r["agent/errors"] == 0 and r["agent/bad_requests"] == 3 * episodes
+        assert r["agent/calls"] == episodes and r["rollout/rows"] == episodes  # one sampled call each: one row
+        assert r["agent/truncated"] == episodes
