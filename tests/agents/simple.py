@@ -110,3 +110,23 @@ async def misbehaving_http(data, *, base_url, api_key):
     if refused != [404, 400, 404]:
         raise AssertionError(f"refused with {refused}")
     return float(bool(r.choices[0].message.content))
+
+
+class LoopBound:
+    """Keeps what it made on its first episode's event loop (as a client or a session is bound to one) and
+    checks that every later episode runs on that loop; ``close()`` records the loop it was awaited on."""
+
+    def __init__(self):
+        self.loop = None
+        self.closed_on = None
+
+    async def run(self, data, *, client):
+        loop = asyncio.get_running_loop()
+        self.loop = self.loop or loop
+        if loop is not self.loop:
+            raise RuntimeError("an episode ran on another event loop than the first one")
+        r = await client.chat.completions.create(model="m", messages=data["messages"], max_tokens=2)
+        return float(bool(r.choices[0].message.content))
+
+    async def close(self):
+        self.closed_on = asyncio.get_running_loop()

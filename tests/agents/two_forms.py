@@ -1,11 +1,14 @@
-"""The calculator agent of ``examples/agents/calculator/openai_agent.py`` in its two forms, with a random wait
-of up to 10 ms before each request (unseeded: real timing noise, never the trainer's random state), so that
-the two forms' requests reach the engine at different times."""
+"""Agents written against the ``openai`` package, in their two forms (the trainer's client, or the HTTP
+endpoint with an ``openai.AsyncOpenAI``), with a random wait of up to 10 ms before each request (unseeded:
+real timing noise, never the trainer's random state), so that the two forms' requests reach the engine at
+different times. ``task``: ``calculator`` (``examples/agents/calculator/openai_agent.py``) or ``try_again``
+(answer; when the final number is wrong, hear so and answer again)."""
 
 from __future__ import annotations
 
 import asyncio
 import random
+import re
 import types
 
 from examples.agents.calculator.openai_agent import HTTPAgent, solve
@@ -25,14 +28,38 @@ class Jittery:
         return await self.client.chat.completions.create(**kwargs)
 
 
-async def run_client(data, *, client):
-    return await solve(data, Jittery(client))
+def _number(text: str | None) -> str | None:
+    found = re.findall(r"-?\d+", text or "")
+    return found[-1] if found else None
+
+
+async def try_again(data, client, max_turns: int = 2) -> float:
+    messages = list(data["messages"])
+    target = _number(str(data["answer"]).split("####")[-1])
+    for _ in range(max_turns):
+        r = await client.chat.completions.create(model="policy", messages=messages, max_tokens=24)
+        content = r.choices[0].message.content or ""
+        if _number(content) == target:
+            return 1.0
+        messages += [{"role": "assistant", "content": content}, {"role": "user", "content": "Wrong. Try again."}]
+    return 0.0
+
+
+TASKS = {"calculator": solve, "try_again": try_again}
+
+
+async def run_client(data, *, client, task: str = "calculator"):
+    return await TASKS[task](data, Jittery(client))
 
 
 class HTTP(HTTPAgent):
+    def __init__(self, task: str = "calculator"):
+        super().__init__()
+        self.task = task
+
     async def run(self, data, *, base_url, api_key):
         import openai
 
         if self.client is None:
             self.client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
-        return await solve(data, Jittery(self.client.with_options(base_url=base_url, api_key=api_key)))
+        return await TASKS[self.task](data, Jittery(self.client.with_options(base_url=base_url, api_key=api_key)))

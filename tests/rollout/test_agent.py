@@ -300,3 +300,14 @@ def test_a_tool_that_raises_or_is_misused_returns_its_error_to_the_model_and_is_
     assert g["rewards"].tolist() == [1.0] and g.stats["agent/errors"].value == 0
     # The model's answer ("7") holds no tool call; the agent ran four of its own through call_tool.
     assert g.stats["agent/tool_calls"].value == 0 and g.stats["agent/tool_errors"].value == 3
+
+
+def test_every_rollout_call_runs_on_one_loop_and_a_class_agents_close_is_awaited_on_it(tok):
+    wf = _workflow(Scripted(tok, "7"), tok, "tests.agents.simple.LoopBound")
+    g = GenerationHyperparameters(n_samples=2, max_new_tokens=4)
+    for _ in range(3):
+        groups = wf.rollout(_samples(2), g)
+        assert all(gr.stats["agent/errors"].value == 0 for gr in groups)
+    agent = wf.instance
+    wf.close()
+    assert agent.closed_on is agent.loop and agent.loop.is_closed()

@@ -5,6 +5,7 @@ though its requests reach the engine at different times (random waits, a tool in
 sockets). Each generation call waits for every episode in flight (``rollout.agent_batching=episodes``),
 so the calls hold the same requests in the same order in both forms."""
 
+import importlib.util
 import types
 
 import pytest
@@ -53,15 +54,15 @@ def engine():
     return Recording(HFEngine(model.eval(), tok, device=CPU)), tok
 
 
-def _rollouts(engine, tok, agent: str, batching: str, calls: int = 2):
-    """``calls`` rollout calls of 3 prompts x 4 episodes from seed 5; the groups of each and the engine's call sizes."""
+def _rollouts(engine, tok, agent: str, batching: str, calls: int = 2, kwargs: dict | None = None, g=G):
+    """``calls`` rollout calls of 3 prompts from seed 5; the groups of each and the engine's call sizes."""
     rec, _ = engine
-    wf = AgentWorkflow(engine=rec, tokenizer=tok, reward=REWARD, agent=load_agent(agent, {}), export="concat",
-                       batching=batching)
+    wf = AgentWorkflow(engine=rec, tokenizer=tok, reward=REWARD, agent=load_agent(agent, kwargs or {}),
+                       export="concat", batching=batching)
     torch.manual_seed(5)
     rec.sizes = []
     try:
-        out = [wf.rollout(_samples("test", 3), G) for _ in range(calls)]
+        out = [wf.rollout(_samples("test", 3), g) for _ in range(calls)]
     finally:
         wf.close()
     return out, list(rec.sizes)
@@ -97,3 +98,30 @@ def test_each_generation_call_holds_every_episode_in_flight(engine):
     (groups,), sizes = _rollouts(engine, tok, "tests.agents.two_forms.HTTP", "episodes", calls=1)
     assert sizes[0] == 12 and sizes == sorted(sizes, reverse=True)
     assert sum(sizes) == sum(g.stats["agent/calls"].value for g in groups)
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    """SmolLM2-135M-Instruct, a pretrained model with its own tokenizer and chat template (``actor.path=smollm2``)."""
+    from areal_trainer.model import smollm2 as package
+    from areal_trainer.model.load import load_causal_lm, load_tokenizer
+
+    if not package.is_converted(package.checkpoint_dir()) and not all(
+            importlib.util.find_spec(m) for m in (package.PACKAGE, "gguf")):
+        pytest.skip(f"needs the SmolLM2 package: {package.INSTALL}")
+
+    tok = load_tokenizer("smollm2")
+    model = load_causal_lm("smollm2", tokenizer=tok, dtype="float32", device=CPU, seed=0)
+    return Recording(HFEngine(model.eval(), tok, device=CPU)), tok
+
+
+def test_the_two_forms_give_the_same_rows_on_a_pretrained_model(smollm2):
+    tok = smollm2[1]
+    g = GenerationHyperparameters(n_samples=2, max_new_tokens=24, max_tokens=512)
+    local, local_sizes = _rollouts(smollm2, tok, "tests.agents.two_forms.run_client", "episodes", calls=1,
+                                   kwargs={"task": "try_again"}, g=g)
+    http, http_sizes = _rollouts(smollm2, tok, "tests.agents.two_forms.HTTP", "episodes", calls=1,
+                                 kwargs={"task": "try_again"}, g=g)
+    assert local_sizes == http_sizes and local_sizes[0] == 6
+    for a, b in zip(local, http):
+        _same_groups(a, b)
