@@ -87,7 +87,7 @@ def _agent(cfg, problems: list[str]) -> tuple[type | None, dict[str, Any]]:
         return None, {}
     return AgentWorkflow, dict(agent=spec, timeout=r.agent_timeout, export=r.agent_export,
                                turn_discount=r.turn_discount, tool_call_parser=r.tool_call_parser,
-                               batching=r.agent_batching,
+                               batching=r.agent_batching, batch_wait=r.agent_batch_wait,
                                max_concurrent=None if r.max_concurrent_rollouts is None
                                else r.max_concurrent_rollouts * cfg.gconfig.n_samples)
 

@@ -80,6 +80,11 @@ class RolloutConfig(Checked):
     generation call, and so a seeded run, does not depend on timing (tools, processes, HTTP); ``eager``
     samples whatever is queued whenever the engine is free: faster when the episodes' tools take very
     different times, but not reproducible."""
+    agent_batch_wait: float | None = 30.0
+    """With ``agent_batching=episodes``: the most seconds a generation call waits without a new request or an
+    episode's end before it samples the requests queued so far (counted in ``agent/batch_wait_timeouts``,
+    warned once: such calls depend on timing). Ends a standstill, e.g. an HTTP client that allows fewer
+    connections than the agent has episodes in flight. null: wait as long as it takes."""
     tool_call_parser: str = "hermes"
     """How tool calls are read out of the model's text: ``hermes`` (Qwen, ``<tool_call>{json}</tool_call>``),
     ``mistral``, ``llama3_json``, or the import path of a parser class."""
@@ -101,6 +106,8 @@ class RolloutConfig(Checked):
     def _check_agent(self, key: str) -> list[str]:
         p = one_of(f"{key}.agent_export", self.agent_export, ("individual", "concat"))
         p += one_of(f"{key}.agent_batching", self.agent_batching, ("episodes", "eager"))
+        if self.agent_batch_wait is not None and not (is_number(self.agent_batch_wait) and self.agent_batch_wait > 0):
+            p.append(f"{key}.agent_batch_wait: got {self.agent_batch_wait!r}; must be > 0 seconds, or null for no limit.")
         if self.agent_timeout is not None and not (is_number(self.agent_timeout) and self.agent_timeout > 0):
             p.append(f"{key}.agent_timeout: got {self.agent_timeout!r}; must be > 0 seconds, or null for no limit.")
         if not (is_number(self.turn_discount) and 0 < self.turn_discount <= 1):

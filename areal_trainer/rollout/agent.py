@@ -109,12 +109,15 @@ class AgentWorkflow:
         batching: ``episodes``: a generation call waits until every episode in flight has asked (or
             ended), so the calls do not depend on timing; ``eager``: a call starts whenever the engine is
             free (``batcher.py``).
+        batch_wait: with ``episodes``, the most seconds a call waits without news (a request, an episode's
+            end) before it samples what is queued (None: no limit).
         server: a started ``EndpointServer`` for ``http`` agents (None: started on first use).
     """
 
     def __init__(self, *, engine, tokenizer, reward, agent: AgentSpec, timeout: float | None = None,
                  export: str = "individual", turn_discount: float = 1.0, tool_call_parser: str = "hermes",
-                 max_concurrent: int | None = None, batching: str = "episodes", server=None):
+                 max_concurrent: int | None = None, batching: str = "episodes", batch_wait: float | None = 30.0,
+                 server=None):
         if export not in EXPORTS:
             raise UserError(f"rollout.agent_export: got {export!r}; must be one of {', '.join(EXPORTS)}.")
         if batching not in BATCHING:
@@ -122,12 +125,13 @@ class AgentWorkflow:
         self.engine, self.tokenizer, self.reward, self.agent = engine, tokenizer, reward, agent
         self.timeout, self.export, self.turn_discount = timeout, export, float(turn_discount)
         self.parser = get_parser(tool_call_parser)
-        self.max_concurrent, self.batching, self.server = max_concurrent, batching, server
+        self.max_concurrent, self.batching, self.batch_wait, self.server = max_concurrent, batching, batch_wait, server
         self.instance = agent.target(**agent.kwargs) if agent.is_class else None
         self.error_value = float(getattr(reward, "error_value", 0.0))
         self.max_error_fraction = float(getattr(reward, "max_error_fraction", 0.5))
         self.batch_calls = 0
         self._runner: asyncio.Runner | None = None
+        self._warned_wait = False
 
     # -- one rollout call -------------------------------------------------------------------------
     def rollout(self, samples: list[dict], gconfig: Any) -> list[TrajectoryGroup]:
@@ -149,7 +153,7 @@ class AgentWorkflow:
         # A generation call waits for every episode in flight (``batching=episodes``): those holding one
         # of the ``in_flight`` slots, which is every episode not ended, up to the number of slots.
         episodes = (lambda: min(in_flight, total - ended[0])) if self.batching == "episodes" else None
-        batcher = GenerationBatcher(self.engine, episodes=episodes)
+        batcher = GenerationBatcher(self.engine, episodes=episodes, max_wait=self.batch_wait)
         limit = asyncio.Semaphore(in_flight)
 
         def end() -> None:
@@ -162,9 +166,12 @@ class AgentWorkflow:
         finally:
             await batcher.close()
         self.batch_calls += batcher.calls
-        self._notify(outcomes)
+        self._notify(outcomes, batcher.forced)
         self._check_errors(outcomes)
-        return [self._group(samples[i], outcomes[i * g:(i + 1) * g], batcher) for i in range(len(samples))]
+        groups = [self._group(samples[i], outcomes[i * g:(i + 1) * g], batcher) for i in range(len(samples))]
+        if groups:  # a count of the whole rollout call: on its first group, so that the sum over groups is it
+            groups[0].stats["agent/batch_wait_timeouts"] = Sum(float(batcher.forced))
+        return groups
 
     async def _episode(self, index: int, sample: dict, batcher: GenerationBatcher, gconfig: Any,
                        limit: asyncio.Semaphore, end: Callable[[], None]) -> _Outcome:
@@ -252,8 +259,17 @@ class AgentWorkflow:
         client = SyncAgentClient(session, asyncio.get_running_loop())
         return await asyncio.to_thread(run, data, client=client, **kwargs)
 
-    def _notify(self, outcomes: list[_Outcome]) -> None:
-        """Warn once about what the counters cannot say: words the tokenizer cannot spell, refused requests."""
+    def _notify(self, outcomes: list[_Outcome], forced: int) -> None:
+        """Warn once about what the counters cannot say: words the tokenizer cannot spell, refused requests,
+        generation calls that stopped waiting for the episodes."""
+        if forced and not self._warned_wait:
+            self._warned_wait = True
+            _warn(f"rollout.agent {self.agent.path}: {forced} generation call(s) of this rollout stopped waiting for "
+                  f"episodes that sent no request for rollout.agent_batch_wait={self.batch_wait:g} s and sampled the "
+                  "requests queued (counted in agent/batch_wait_timeouts): which requests share a call now depends "
+                  "on timing, so the run is not reproducible. If the agent's tools take that long, raise "
+                  "rollout.agent_batch_wait; if its HTTP client allows fewer connections than it has episodes in "
+                  "flight (httpx.Limits), raise the limit or lower rollout.max_concurrent_rollouts.")
         sessions = [o.session for o in outcomes]
         words = set().union(*(s.unknown_words for s in sessions)) - _UNSPELLABLE
         if words:

@@ -16,6 +16,12 @@ requests that arrive while a call runs form the next one). Either way, before ta
 batcher lets the loop run until no coroutine is ready (``_settle``), so that requests an episode
 sends together (``asyncio.gather`` of several calls) join the same call.
 
+Waiting has a limit, ``max_wait``: when no request arrives and no episode ends for that many seconds, a
+call samples the requests queued so far (``forced``). This bounds what an episode that is slow to ask
+costs the others (a tool that takes minutes), and it ends a standstill that waiting alone cannot: an
+agent whose HTTP client allows fewer connections than it has episodes in flight holds the remaining
+requests back until some are answered. Such calls depend on timing again.
+
 Order. A call's rows are the queued requests sorted by ``order`` (the episode's index, its call
 number, the choice), not by arrival; requests of other sampling settings wait for the next call, the
 one of the lowest ``order`` choosing the settings first. Waiting for every episode plus this order
@@ -57,10 +63,15 @@ class GenerationBatcher:
         max_batch: most rows per engine call (None: all queued requests).
         episodes: how many episodes may still send a request (None: eager calls; see the module
             docstring). Call :meth:`wake` when that number drops.
+        max_wait: when waiting for episodes, the most seconds without a new request or an episode's end
+            before a call samples the requests queued anyway (None: no limit; see the module docstring).
     """
 
-    def __init__(self, engine, max_batch: int | None = None, episodes: Callable[[], int] | None = None):
-        self.engine, self.max_batch, self.episodes = engine, max_batch, episodes
+    def __init__(self, engine, max_batch: int | None = None, episodes: Callable[[], int] | None = None,
+                 max_wait: float | None = None):
+        self.engine, self.max_batch, self.episodes, self.max_wait = engine, max_batch, episodes, max_wait
+        self.forced = 0
+        """Calls started after ``max_wait`` seconds without news, before every episode in flight had asked."""
         self._queue: list[_Request] = []
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
@@ -120,10 +131,13 @@ class GenerationBatcher:
 
     async def _serve(self) -> None:
         while True:
-            await self._wake.wait()
-            self._wake.clear()
+            waited = await self._wait_for_news()
             await self._settle()
-            while self._ready():
+            forced = waited and self._queue and not self._ready()
+            if forced:  # episodes in flight sent nothing for max_wait seconds: sample what is queued
+                self.forced += 1
+            while self._ready() or forced:
+                forced = False
                 batch = self._take()
                 try:
                     gens = await asyncio.to_thread(self.engine.generate, [r.prompt for r in batch], batch[0].gconfig)
@@ -140,6 +154,17 @@ class GenerationBatcher:
                     if not r.future.done():
                         r.future.set_result(g)
                 await self._settle()
+
+    async def _wait_for_news(self) -> bool:
+        """Wait for a new request or an episode's end; True when ``max_wait`` ran out first while requests
+        were queued (a call waiting for episodes only: an eager one never waits with requests queued)."""
+        timeout = self.max_wait if self._queue and self.episodes is not None else None
+        try:
+            await asyncio.wait_for(self._wake.wait(), timeout)
+        except TimeoutError:
+            return True
+        self._wake.clear()
+        return False
 
     def _take(self) -> list[_Request]:
         """The queued requests of the lowest-ordered request's settings, in ``order`` (at most ``max_batch``)."""

@@ -130,3 +130,18 @@ class LoopBound:
 
     async def close(self):
         self.closed_on = asyncio.get_running_loop()
+
+
+class FewConnections:
+    """Lets only ``connections`` of its episodes have a request out at once, as an HTTP client with a small
+    connection limit does: the others wait for a free connection, so a call that waits for every episode in
+    flight would wait for ever."""
+
+    def __init__(self, connections: int = 2):
+        self.connections, self.slots = connections, None
+
+    async def run(self, data, *, client):
+        self.slots = self.slots or asyncio.Semaphore(self.connections)
+        async with self.slots:
+            r = await client.chat.completions.create(model="m", messages=data["messages"], max_tokens=2)
+        return float(bool(r.choices[0].message.content))

@@ -10,6 +10,7 @@ import torch
 
 from areal_trainer.config.schema import GenerationHyperparameters
 from areal_trainer.errors import UserError
+from areal_trainer.metrics import Sum
 from areal_trainer.model.builtin import build_model, build_tokenizer
 from areal_trainer.plugins import PluginError
 from areal_trainer.rollout.agent import AgentWorkflow
@@ -311,3 +312,15 @@ def test_every_rollout_call_runs_on_one_loop_and_a_class_agents_close_is_awaited
     agent = wf.instance
     wf.close()
     assert agent.closed_on is agent.loop and agent.loop.is_closed()
+
+
+def test_a_call_waiting_for_episodes_that_cannot_ask_samples_what_is_queued_after_the_wait(tok, capsys):
+    engine = Recording(Scripted(tok, "7"))
+    wf = _workflow(engine, tok, "tests.agents.simple.FewConnections", batch_wait=0.2)
+    groups = wf.rollout(_samples(3), GenerationHyperparameters(n_samples=2, max_new_tokens=4))
+    assert all(g.stats["agent/errors"].value == 0 and g.stats["agent/calls"].value == 2 for g in groups)
+    # 6 episodes, at most 2 requests out: the first call waited 0.2 s for the other four, then took the two.
+    assert engine.sizes[0] == 2 and sum(engine.sizes) == 6
+    assert sum(g.stats.get("agent/batch_wait_timeouts", Sum(0.0)).value for g in groups) >= 1
+    err = capsys.readouterr().err
+    assert err.count("stopped waiting for episodes") == 1 and "rollout.agent_batch_wait=0.2 s" in err
