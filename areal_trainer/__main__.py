@@ -1,11 +1,12 @@
 """Command line: ``python -m areal_trainer --config-name grpo [overrides]``.
 
 Before Hydra parses anything, ``+key=value`` is made to work for keys the YAML already sets, and
-every override is checked against the schema so that all unknown keys and wrong types are
-reported together (with the problems of the config composed without those overrides, in one round).
-Then the config is validated (every rule and plugin) before any model loads; a run that fails
-before training leaves no run directory behind (``tracking/rundir.py``). The run's console output
-also goes to the run log, ``<run dir>/__main__.log`` (``tracking/runlog.py``).
+every override is checked against the schema, together with the light checks of the config composed
+with the usable ones (``components.early_problems``: nothing that imports torch or transformers),
+so that all unknown keys, wrong types, bad values and broken plugin paths are reported together,
+before torch loads. Then the whole config is checked (every rule and plugin) before any model loads;
+a run that fails before training leaves no run directory behind (``tracking/rundir.py``). The run's
+console output also goes to the run log, ``<run dir>/__main__.log`` (``tracking/runlog.py``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ import sys
 
 DEBUG_ENV = "AREAL_TRAINER_DEBUG"
 """``AREAL_TRAINER_DEBUG=1`` shows the traceback of the errors otherwise reported in one line."""
+PRINT_ONLY = ("--cfg", "-c", "--info", "-i", "--resolve", "--shell-completion", "-sc", "--hydra-help", "--version")
+"""Hydra's options that print something and run no job: the config's own rules are not in the way of
+``--cfg job`` (as when Hydra alone runs), unless an override has a problem too."""
 
 
 def _fail(msg: str) -> None:
@@ -157,9 +161,8 @@ def main() -> None:
     code = handle_help(sys.argv[1:])  # before Hydra, whose own --help knows nothing of the schema's keys
     if code is not None:
         sys.exit(code)
-    import hydra
-
-    from .components import override_problems
+    # Nothing here imports torch: a bad command line is answered in about a second.
+    from .components import LATER_CHECKS, early_problems
     from .config.overrides import (
         config_dirs,
         config_groups,
@@ -174,12 +177,15 @@ def main() -> None:
     groups = config_groups(dirs)  # conf/'s and those of a --config-dir
     args = normalize_overrides(sys.argv[1:], groups)
     values = [a for a in args if not a.startswith("-") and "=" in a]
-    problems = override_problems(config_name_of(args), values, groups)  # with any, also the config's own problems
+    runs = not any(a.partition("=")[0] in PRINT_ONLY for a in args)
+    problems = early_problems(config_name_of(args), values, groups, whole=runs)
     problems += group_file_problems(values, dirs)  # the files of your own config groups
     if problems:
         from .config import ConfigError
 
-        _fail(str(ConfigError(problems)))
+        _fail(f"{ConfigError(problems)}\n{LATER_CHECKS}")
+    import hydra
+
     sys.argv = [sys.argv[0], *args]
     hydra.main(version_base="1.3", config_path="pkg://areal_trainer.conf", config_name="config")(_task)()
 

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import UserError
-from ..loss import DistillLoss
 
 
 @dataclass(frozen=True)
@@ -109,6 +108,8 @@ def wrap_loss(loss, spec: DistillSpec | None, actor):
     """The policy loss with the distillation term of ``spec`` (``loss`` itself without a teacher)."""
     if spec is None:
         return loss
+    from ..loss import DistillLoss  # torch: not for the checks, which run before it loads
+
     return DistillLoss(rl=loss, form=spec.form, rl_weight=spec.rl_weight, distill_weight=spec.distill_weight,
                        ratio_cap=spec.ratio_cap, loss_agg_mode=actor.loss_agg_mode,
                        max_new_tokens=int(actor.max_new_tokens))

@@ -15,7 +15,6 @@ from typing import Any
 from ..errors import is_number
 from ..plugins import PluginError
 from ..reward.functions import RewardFunction
-from ..reward.model import reward_model_problems
 from ..reward.remote import url_problems
 
 STYLES = ("auto", "sample", "batched")
@@ -65,8 +64,10 @@ class RewardSpec:
                              max_error_fraction=self.max_error_fraction)
 
 
-def bind_reward(r, problems: list[str]) -> RewardSpec | None:
-    """The reward ``r`` (the ``reward`` section) describes; every problem is appended to ``problems``."""
+def bind_reward(r, problems: list[str], *, light: bool = False) -> RewardSpec | None:
+    """The reward ``r`` (the ``reward`` section) describes; every problem is appended to ``problems``.
+    ``light``: without the check of ``reward.model.path``'s files, whose module (``reward/model.py``) imports
+    torch and transformers."""
     n = len(problems)
     paths = [] if r.fn is None else [r.fn] if isinstance(r.fn, str) else list(r.fn)
     if not all(isinstance(p, str) for p in paths):
@@ -102,7 +103,9 @@ def bind_reward(r, problems: list[str]) -> RewardSpec | None:
             problems.append(f"reward.{name}: got {value!r}; must be > 0 seconds.")
     if r.url is not None:
         problems += url_problems(r.url, "reward.url")
-    if r.model.path:
+    if r.model.path and not light:
+        from ..reward.model import reward_model_problems
+
         problems += reward_model_problems(r.model.path, "reward.model.path")
     if len(problems) > n:
         return None

@@ -10,7 +10,6 @@ from typing import Any
 
 from ..errors import one_of
 from ..plugins import PluginError, check_signature, resolve
-from ..rollout.agent import AgentWorkflow
 from ..rollout.agent_spec import load_agent
 from ..rollout.backends import ENGINES, EngineSpec
 from ..rollout.tool_parsers import get_parser
@@ -28,22 +27,26 @@ class RolloutParts:
     accept: Callable | None = None
 
 
-def bind_rollout(cfg, problems: list[str]) -> RolloutParts | None:
-    """The rollout's parts; every problem is appended to ``problems`` (None when there were any)."""
+def bind_rollout(cfg, problems: list[str], *, light: bool = False) -> RolloutParts | None:
+    """The rollout's parts; every problem is appended to ``problems`` (None when there were any, and with
+    ``light``). ``light``: without resolving the workflow or filter when it is one of this package's own,
+    whose modules import torch (a user's path is resolved: its imports are the user's)."""
     r = cfg.rollout
     n = len(problems)
     engine = _engine(cfg, problems)
     if r.agent is not None:
-        workflow, workflow_kwargs = _agent(cfg, problems)
+        workflow, workflow_kwargs = _agent(cfg, problems, light)
+    elif light and _own(r.workflow):
+        workflow, workflow_kwargs = None, {}
     else:
         workflow, workflow_kwargs = _workflow(r.workflow, r.workflow_kwargs, problems), dict(r.workflow_kwargs)
     accept = None
-    if r.dynamic_filter is not None:
+    if r.dynamic_filter is not None and not (light and _own(r.dynamic_filter)):
         try:
             accept = resolve(r.dynamic_filter, "rollout.dynamic_filter")
         except PluginError as e:
             problems.append(str(e))
-    if len(problems) > n:
+    if len(problems) > n or light:
         return None
     kwargs = dict(r.vllm_kwargs) if engine.extra_kwargs_key == "rollout.vllm_kwargs" else {}
     return RolloutParts(engine, kwargs, workflow, workflow_kwargs, accept)
@@ -71,8 +74,14 @@ def _able(flag: str) -> str:
     return " or ".join(n for n, s in ENGINES.items() if getattr(s, flag))
 
 
-def _agent(cfg, problems: list[str]) -> tuple[type | None, dict[str, Any]]:
-    """``rollout.agent`` as the agent workflow and its bound settings (``rollout/agent.py``)."""
+def _own(path: Any) -> bool:
+    """Whether an import path names something of this package."""
+    return isinstance(path, str) and path.partition(":")[0].split(".")[0] == "areal_trainer"
+
+
+def _agent(cfg, problems: list[str], light: bool = False) -> tuple[type | None, dict[str, Any]]:
+    """``rollout.agent`` as the agent workflow and its bound settings (``rollout/agent.py``; ``light``: only
+    the checks, since that module imports torch)."""
     r = cfg.rollout
     n = len(problems)
     try:
@@ -83,8 +92,10 @@ def _agent(cfg, problems: list[str]) -> tuple[type | None, dict[str, Any]]:
         get_parser(r.tool_call_parser)
     except ValueError as e:
         problems.append(str(e))
-    if len(problems) > n:
+    if len(problems) > n or light:
         return None, {}
+    from ..rollout.agent import AgentWorkflow
+
     return AgentWorkflow, dict(agent=spec, timeout=r.agent_timeout, export=r.agent_export,
                                turn_discount=r.turn_discount, tool_call_parser=r.tool_call_parser,
                                batching=r.agent_batching, batch_wait=r.agent_batch_wait,

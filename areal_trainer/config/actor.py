@@ -9,8 +9,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
+from . import maths as m
 from .base import at_least_one, fraction, is_number, one_of
-from .maths import maths
 from .parts import (
     AdvantageConfig,
     NormConfig,
@@ -112,7 +112,6 @@ class PPOActorConfig(TrainEngineConfig):
         if self.is_critic:
             p.append(f"{key}.is_critic: got true; the value model is the `critic` section here, not {key}. "
                      f"Remove {key}.is_critic.")
-        m = maths()
         p += one_of(f"{key}.importance_sampling_level", self.importance_sampling_level, m.IS_LEVELS)
         p += one_of(f"{key}.kl_estimator", self.kl_estimator, m.KL_ESTIMATORS)
         p += one_of(f"{key}.prox_logp_method", self.prox_logp_method, m.PROX_LOGP_METHODS)

@@ -17,6 +17,10 @@ __all__ = ["Checked", "ConfigError", "at_least_one", "fraction", "is_number", "o
 class Checked:
     """Mixin of the config sections: the rules of its own fields."""
 
+    imports_torch = False
+    """Whether ``check`` runs rules defined with the maths, whose modules import torch: the command line's
+    early check (``validate.collect(cfg, light=True)``) leaves such a section to the full check."""
+
     def check(self, key: str) -> list[str]:  # pragma: no cover - overridden
         return []
 

@@ -1,23 +1,30 @@
-"""The enumerations and value rules of the maths, as the config checks use them.
+"""The names of the maths that the config's checks accept, spelled without importing the maths.
 
-They are defined next to the code that implements them (``loss/``, ``advantage/``) and imported here
-when a config is first checked, not when the schema is imported: that import pulls in torch, most of
-the command line's start-up time (a run with a bad override pays it too: the rest of its config is
-validated in the same round, see ``loader.override_problems``).
+The maths define them next to the code that implements them (``loss/``, ``advantage/``), in modules that
+import torch. The schema's checks run before anything heavy is imported (the command line reports a bad
+value before torch loads), so the names are written here once more; ``tests/config/test_light_checks.py``
+fails when they differ from the maths' own. The maths' rules (rejection sampling's bounds, the loss's,
+the advantage stages') are not copied: they run where they are defined, in the full check.
 """
 
 from __future__ import annotations
 
-import functools
-from types import SimpleNamespace
+GAE_UNITS = ("token", "turn")
+"""``advantage/gae.py::TIME_UNITS``: what one GAE step is (``actor.gae_timestep_unit``)."""
+NORM_LEVELS = ("batch", "group", None)
+"""``advantage/normalize.py::NORM_LEVELS``: the levels of a normalisation's mean and std."""
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+"""``loss/aggregate.py::LOSS_AGG_MODES`` (``actor.loss_agg_mode``)."""
+KL_ESTIMATORS = ("k1", "k2", "k3")
+"""``loss/kl.py::KL_ESTIMATORS`` (``actor.kl_estimator``)."""
+PROX_LOGP_METHODS = ("recompute", "loglinear", "metrics")
+"""``loss/prox.py::PROX_LOGP_METHODS`` (``actor.prox_logp_method``)."""
+IS_LEVELS = ("token", "sequence")
+"""``loss/ratio.py::IS_LEVELS`` (``actor.importance_sampling_level``)."""
 
 
-@functools.cache
-def maths() -> SimpleNamespace:
-    from ..advantage import gae, normalize
-    from ..loss import aggregate, kl, prox, ratio, rejection
+def rejection_problems(key: str, **settings) -> list[str]:
+    """The rules of a ``rejection_sampling`` section: ``loss/rejection.py``'s, imported on first use (torch)."""
+    from ..loss.rejection import rejection_problems as rules
 
-    return SimpleNamespace(
-        GAE_UNITS=gae.TIME_UNITS, NORM_LEVELS=normalize.NORM_LEVELS, LOSS_AGG_MODES=aggregate.LOSS_AGG_MODES,
-        KL_ESTIMATORS=kl.KL_ESTIMATORS, PROX_LOGP_METHODS=prox.PROX_LOGP_METHODS, IS_LEVELS=ratio.IS_LEVELS,
-        rejection_problems=rejection.rejection_problems)
+    return rules(key, **settings)

@@ -12,10 +12,10 @@ from typing import Any, Dict, List, Optional
 
 from ..advantage.settings import Norm
 from ..dtypes import DTYPE_NAMES
+from . import maths
 from .base import Checked, at_least_one, fraction, is_number, one_of
-from .maths import maths
 
-# The maths' enumerations are defined next to the code that implements them (``config/maths.py``);
+# The maths' names are spelled in ``config/maths.py``;
 # these belong to the training infrastructure (train/optim.py, model/load.py) and live here.
 OPTIMIZERS = ("adam", "adamw", "sgd")
 LR_SCHEDULES = ("constant", "linear", "cosine")
@@ -37,7 +37,7 @@ class NormConfig(Norm, Checked):
     (the fields are ``advantage.settings.Norm``'s)."""
 
     def check(self, key: str) -> list[str]:
-        levels = maths().NORM_LEVELS
+        levels = maths.NORM_LEVELS
         p = one_of(f"{key}.mean_level", self.mean_level, levels)
         p += one_of(f"{key}.std_level", self.std_level, levels)
         if self.uses_group_statistics and (not isinstance(self.group_size, int) or self.group_size < 1):
@@ -55,6 +55,8 @@ class RejectionSamplingConfig(Checked):
     Only used with ``actor.use_decoupled_loss=true``.
     """
 
+    imports_torch = True  # its rules are the loss's (loss/rejection.py): collect(light=True) leaves them out
+
     level: str = "token"
     """``token``, or ``sequence`` (every token of a sequence shares the decision)."""
     action: str = "mask"
@@ -69,8 +71,8 @@ class RejectionSamplingConfig(Checked):
     """Optional lower bound (kept iff lower <= metric). Not allowed with ``binary_kl``."""
 
     def check(self, key: str) -> list[str]:
-        return maths().rejection_problems(key, level=self.level, action=self.action, metric=self.metric,
-                                          agg=self.agg, upper=self.upper, lower=self.lower)
+        return maths.rejection_problems(key, level=self.level, action=self.action, metric=self.metric,
+                                        agg=self.agg, upper=self.upper, lower=self.lower)
 
     def warnings(self, key: str) -> list[str]:
         if self.level == "token" and self.agg != "mean":

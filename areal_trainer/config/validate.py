@@ -1,6 +1,7 @@
 """Validation of a whole ``TrainerConfig``: every section's own rules (once each, in schema order) plus
-the rules that span sections. Returns all problems at once; nothing here imports torch or loads a
-model. The rules of components (plugins, the loss, the advantage stages, the rollout engine) are checked
+the rules that span sections. Returns all problems at once and loads no model; only the rules of
+rejection sampling, which are the loss's, import torch (``collect(cfg, light=True)`` leaves them out).
+The rules of components (plugins, the loss, the advantage stages, the rollout engine) are checked
 where those are bound, in ``components/``, in the same round.
 """
 
@@ -18,13 +19,15 @@ from .pitfalls import useless_run_problems
 from .schema import TrainerConfig
 
 
-def collect(cfg: TrainerConfig) -> tuple[list[str], list[str]]:
-    """(problems, warnings) of the whole config."""
+def collect(cfg: TrainerConfig, *, light: bool = False) -> tuple[list[str], list[str]]:
+    """(problems, warnings) of the whole config. ``light``: without the sections whose rules are the maths'
+    (``Checked.imports_torch``: rejection sampling), so that nothing imports torch."""
     problems: list[str] = []
     warns: list[str] = []
     for key, node in sections(cfg):
         if isinstance(node, Checked):
-            problems += node.check(key)
+            if not (light and node.imports_torch):
+                problems += node.check(key)
             warns += node.warnings(key)
     p, w = _cross_section(cfg)
     return problems + p, warns + w + compat_warnings(cfg)
