@@ -64,16 +64,17 @@ ETA_TARGET = 1.3
 DEFAULTS = dict(
     a_prompts=8, a_samples=4, a_new=8,
     b_model="builtin:tiny", b_prompts=8, b_samples=8, b_new=8, b_steps=12, b_warmup=2, etas="1,2", wide=1,
-    c_prompts=8, c_samples=8, c_steps=10, c_warmup=2, c_sft=300,
+    c_prompts=8, c_samples=8, c_steps=10, c_warmup=2, c_sft=600, c_model="builtin:tiny-tools",
 )
 QUICK = dict(
     a_prompts=2, a_samples=2, a_new=4,
     b_model="builtin:tiny", b_prompts=2, b_samples=2, b_new=4, b_steps=1, b_warmup=1, etas="2", wide=0,
-    c_prompts=2, c_samples=2, c_steps=1, c_warmup=1, c_sft=10,
+    c_prompts=2, c_samples=2, c_steps=1, c_warmup=1, c_sft=10, c_model="builtin:tiny-tools",
 )
 HELP = {"etas": "; eta values of (b) beside the synchronous run",
         "wide": "; 1: add a run of the largest eta whose rollout calls take only one step's groups",
-        "c_sft": "; warm-start steps of (c) (the calculator example's own: 300)"}
+        "c_sft": "; warm-start steps of (c) (the calculator example's own: 600)",
+        "c_model": "; the model of (c): builtin:tiny-tools (the example's) or builtin:small-tools (10M)"}
 
 
 def commit() -> str:
@@ -249,7 +250,7 @@ FORMS = (("in-process", "examples.agents.calculator.openai_agent.run"),
 
 def part_c(s: dict, args) -> float:
     print(f"\n(c) one agent, two forms: the calculator agent of examples/agents/calculator/openai_agent.py on its "
-          f"example's config (builtin:tiny-tools after its warm start, cached), {s['c_prompts']} prompts x "
+          f"example's config ({s['c_model']} after its warm start, cached), {s['c_prompts']} prompts x "
           f"{s['c_samples']} episodes per step, synchronous; medians of {s['c_steps']} steps after {s['c_warmup']}")
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench_agents_") as tmp:
@@ -257,7 +258,8 @@ def part_c(s: dict, args) -> float:
             overrides = ["--config-dir", os.path.join(ROOT, "examples", "agents", "calculator"), "--config-name",
                          "calculator", f"seed={args.seed}", f"total_train_steps={s['c_warmup'] + s['c_steps']}",
                          f"train_dataset.batch_size={s['c_prompts']}", f"gconfig.n_samples={s['c_samples']}",
-                         f"rollout.agent={agent}", f"sft_warmup.steps={s['c_sft']}", *QUIET, *args.overrides]
+                         f"rollout.agent={agent}", f"sft_warmup.steps={s['c_sft']}", f"actor.path={s['c_model']}",
+                         *QUIET, *args.overrides]
             rows.append(cli_run(name, 0, overrides, s["c_warmup"], tmp, "(c)"))
             print(f"  {name}: {rows[-1]['step_s']:.2f} s/step ({rows[-1]['process_s']:.0f} s in all)", flush=True)
     same = all(_sampled(r["steps"]) == _sampled(rows[0]["steps"]) for r in rows)
