@@ -160,7 +160,7 @@ def turn_level_gae(
 
 def _stepwise_gae(rewards, values, mask, starts, bootstrap, discount, gae_lambda):
     """GAE over the steps that ``starts`` opens (float 0/1 masks); see the module docstring."""
-    n_rows, seq_len = mask.shape
+    n_rows = mask.shape[0]
     r, v = rewards.float(), values.float()
     step = starts.cumsum(-1)  # 1-based step of every position (exact in float32 below 2**24)
     n_steps = step[:, -1:].clone()
@@ -170,11 +170,13 @@ def _stepwise_gae(rewards, values, mask, starts, bootstrap, discount, gae_lambda
     # A turn takes the value of its first token: index only the starts (the rest spills to column 0).
     at_v = None if token_steps else (step * starts).long()
     at = step.mul_(mask).long()
-    r_steps = r.new_zeros(n_rows, seq_len + 1)
-    v_steps = v.new_zeros(n_rows, seq_len + 1).scatter_(1, at if token_steps else at_v, v)
+    # Columns 1..width hold the steps (the longest row's count bounds every index), so the arrays
+    # are as wide as the longest row has steps, not as the padded sequence (turns: far narrower).
+    r_steps = r.new_zeros(n_rows, width + 1)
+    v_steps = v.new_zeros(n_rows, width + 1).scatter_(1, at if token_steps else at_v, v)
     # A token step owns one position, so plain scatter suffices; a turn sums its rewards.
     r_steps = r_steps.scatter_(1, at, r) if token_steps else r_steps.scatter_add_(1, at, r)
-    r_steps, v_steps = r_steps[:, 1 : width + 1], v_steps[:, 1 : width + 1]
+    r_steps, v_steps = r_steps[:, 1:], v_steps[:, 1:]
     # Value of the next step; after a row's last step, its bootstrap. Past the last step everything
     # is 0, so delta is 0 there (a row without steps gets a stray delta nobody reads).
     v_next = torch.cat([v_steps[:, 1:], v_steps.new_zeros(n_rows, 1)], dim=-1)

@@ -6,8 +6,9 @@ start-up in ``components/advantage.py``; this module only offers what the maths 
 * ``BUILTINS``: per stage, the built-in functions by name, each as a :class:`Builtin` that says what
   the pipeline may assume of it (``reads_turn_ids``, ``takes_prm_params``). ``auto`` is each stage's
   default and is not listed;
-* :class:`AdvantageFn`: the bound computation; a call checks the rollout batch, leaves it untouched
-  and validates what a user function returns.
+* :class:`AdvantageFn`: the bound computation; a call checks the rollout batch, leaves it untouched,
+  validates what a user function returns, and runs on ``ADVANTAGE_THREADS`` intra-op threads
+  (``threads.py`` says why).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from .estimators import token_gae, turn_gae
 from .pipeline import Stages, check_data
 from .process import PROCESS_FUNCTIONS
 from .reward import identity
+from .threads import ADVANTAGE_THREADS, intra_op_threads
 from .validation import check_result, check_unmodified, tensor_versions
 
 
@@ -46,13 +48,20 @@ BUILTINS: dict[str, dict[str, Builtin]] = {
 class AdvantageFn:
     """The bound computation: call it with ``AdvantageInputs``; the result is validated."""
 
-    def __init__(self, run: Callable[[AdvantageInputs], AdvantageResult], label: str, stages: Stages | None):
+    def __init__(self, run: Callable[[AdvantageInputs], AdvantageResult], label: str, stages: Stages | None,
+                 *, threads: int | None = ADVANTAGE_THREADS):
         self._run = run
         self.label = label
         self.stages = stages
         """The default pipeline's stages and settings; None for a full replacement (``compute``)."""
+        self.threads = threads
+        """Torch intra-op threads of a call, the caller's count restored after it; None: the caller's."""
 
     def __call__(self, inputs: AdvantageInputs) -> AdvantageResult:
+        with intra_op_threads(self.threads):
+            return self._checked(inputs)
+
+    def _checked(self, inputs: AdvantageInputs) -> AdvantageResult:
         n_rows, width, device = check_data(inputs.data, inputs.meta)
         before = tensor_versions(inputs.data)
         result = self._run(inputs)
