@@ -1,6 +1,7 @@
 """Test-wide settings: offline hubs, no wandb, few threads (timings on shared CPUs are noisy); markers:
 ``e2e`` for every test that runs the real command line (everything in tests/e2e/, and any test that calls
-``cli``/``popen``), so that ``-m "not e2e"`` is the fast inner loop; ``gpu`` tests are skipped without CUDA."""
+``cli``/``popen``), so that ``-m "not e2e"`` is the fast inner loop; ``gpu`` tests are skipped without CUDA;
+the fixture ``tok``, the built-in tokenizer."""
 
 import os
 import tempfile
@@ -18,6 +19,14 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
+
+
+@pytest.fixture(scope="module")
+def tok():
+    """The built-in tokenizer, one per test module."""
+    from areal_trainer.model.builtin import build_tokenizer
+
+    return build_tokenizer()
 
 
 def _runs_the_command_line(item) -> bool:

@@ -1,6 +1,6 @@
 """The user functions the tests name by import path (``tests.plugins.<name>``): advantage stages, loss
-surrogates and whole losses, reward functions (also run in reward worker processes), workflows and
-filters. ``tests/plugins_broken.py`` is the one module that fails to import, on purpose."""
+surrogates and whole losses, reward functions (also run in reward worker processes), workflows,
+filters and an agent. ``tests/plugins_broken.py`` is the one module that fails to import, on purpose."""
 
 from __future__ import annotations
 
@@ -211,6 +211,36 @@ def hang_with_child(pid_file: str):
     time.sleep(3600)
 
 
+def beside(folder: str, n: int, mode: str, value: float = 1.0):
+    """:func:`behave`, once this call has written its worker's pid into ``folder`` and ``n`` pids are there
+    (``n`` calls side by side, each in its worker); it then also writes ``met-<pid>``. A test can wait until
+    its calls run, and see that they ran at once."""
+    with open(os.path.join(folder, str(os.getpid())), "w"):
+        pass
+    while len([name for name in os.listdir(folder) if name.isdigit()]) < n:
+        time.sleep(0.001)
+    with open(os.path.join(folder, f"met-{os.getpid()}"), "w"):
+        pass
+    return behave(mode, value)
+
+
+_INSIDE = {"now": 0, "met": False}
+"""The calls of :func:`io_meet` inside this worker's event loop, and whether two were there at once."""
+
+
+async def io_meet() -> float:
+    """An async reward that returns once two calls have been inside its worker's event loop at once (the
+    number inside then): calls that ran one at a time would all wait until their deadline."""
+    _INSIDE["now"] += 1
+    try:
+        while not (_INSIDE["met"] or _INSIDE["now"] >= 2):
+            await asyncio.sleep(0.001)
+        _INSIDE["met"] = True
+        return float(_INSIDE["now"])
+    finally:
+        _INSIDE["now"] -= 1
+
+
 async def io_wait(seconds: float, mode: str = "ok"):
     """An async reward waiting on (simulated) I/O; ``mode`` as in :func:`behave`, plus ``block``."""
     if mode == "hang":
@@ -389,7 +419,7 @@ class TextWorkflow:
         return [str(s.get("prompt", s)) for s in samples]
 
 
-# -- faults of the command-line tests (tests/e2e/test_faults.py) ----------------------------------------
+# -- faults and signals of the command-line tests (tests/e2e/test_faults.py, test_agent_runs.py) -------
 
 def nan_when_asked(x) -> SurrogateResult:
     """The plain policy gradient; with ``AREAL_TEST_NAN=1`` in the environment its gradient is NaN
@@ -403,6 +433,30 @@ def nan_when_asked(x) -> SurrogateResult:
 def crashing_filter(group) -> bool:
     """A dynamic filter with a bug: the run crashes with a traceback."""
     return 1 / 0 > 0
+
+
+def held_reward(prompt: str, completion: str, answer: str) -> float:
+    """:func:`digit_share_reward` once the file ``$AREAL_TEST_RELEASE`` exists (waited for at most 300 s): the
+    run stays in its first step, holding its run directory, until the test lets it go on."""
+    deadline = time.monotonic() + 300
+    while not os.path.exists(os.environ["AREAL_TEST_RELEASE"]) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return digit_share_reward(prompt, completion, answer)
+
+
+class ToolMarking:
+    """An agent (tests/e2e/test_agent_runs.py) whose episode is one model call and then a tool that takes
+    ``delay`` s and touches the file ``mark`` as it starts: a test can wait until an episode is in its tool."""
+
+    def __init__(self, mark: str, delay: float = 0.2):
+        self.mark, self.delay = mark, delay
+
+    async def run(self, data, *, client):
+        await client.chat.completions.create(model="policy", messages=data["messages"], max_tokens=4)
+        with open(self.mark, "a"):
+            pass
+        await asyncio.sleep(self.delay)
+        return 1.0
 
 
 # -- on-policy distillation --------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """A scoring service for the tests, on 127.0.0.1, started and stopped by the test that uses it."""
 
+import contextlib
 import json
 import threading
 import time
@@ -47,3 +48,14 @@ class Server:
     def stop(self):
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+@contextlib.contextmanager
+def serving(monkeypatch):
+    """A running :class:`Server`, reached past any proxy of the environment; stopped on the way out."""
+    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
+    server = Server()
+    try:
+        yield server
+    finally:
+        server.stop()

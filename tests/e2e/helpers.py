@@ -1,12 +1,21 @@
-"""Run the real command line in a subprocess, offline, inside a temporary directory."""
+"""Run the real command line in a subprocess, offline, inside a temporary directory; wait for what a run
+reports (never for a guessed time), and read what it wrote."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HANG = 300
+"""Seconds after which a wait of an e2e test fails as a hang: far past what a healthy run takes on a slow,
+shared machine, so that only a run that is stuck reaches it."""
 
 
 def cli_env(extra: dict | None = None) -> dict:
@@ -21,7 +30,7 @@ def cli_env(extra: dict | None = None) -> dict:
     return env
 
 
-def cli(args: list[str], cwd: str, timeout: float = 300, check: bool = True,
+def cli(args: list[str], cwd: str, timeout: float = HANG, check: bool = True,
         env: dict | None = None) -> subprocess.CompletedProcess:
     proc = subprocess.run([sys.executable, "-m", "areal_trainer", *args], cwd=cwd, env=cli_env(env),
                           capture_output=True, text=True, timeout=timeout)
@@ -35,12 +44,95 @@ def popen(args: list[str], cwd: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def wait_for(path, proc: subprocess.Popen, timeout: float = 240) -> None:
-    """Wait until ``path`` exists, failing with the run's stderr if it ends first, or after ``timeout`` s."""
-    import time
-
-    deadline = time.time() + timeout
-    while not path.exists():
-        assert proc.poll() is None, proc.stderr.read()
-        assert time.time() < deadline, f"{path} did not appear"
+def wait_until(done: Callable[[], bool], proc: subprocess.Popen, what: str, timeout: float = HANG) -> None:
+    """Wait until ``done()`` holds, failing with the run's stderr if it ends first, or after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        if proc.poll() is not None:
+            err = proc.stderr.read()[-3000:] if proc.stderr else ""
+            raise AssertionError(f"the run ended (exit {proc.returncode}) before {what}\n{err}")
+        assert time.monotonic() < deadline, f"no {what} after {timeout} s"
         time.sleep(0.01)
+
+
+def wait_for(path, proc: subprocess.Popen, timeout: float = HANG) -> None:
+    """Wait until ``path`` exists, failing with the run's stderr if it ends first, or after ``timeout`` s."""
+    wait_until(path.exists, proc, str(path), timeout)
+
+
+def killed_after_checkpoint(args: list[str], cwd, run_dir, step: int) -> list[int]:
+    """Start a run and SIGKILL it as soon as its checkpoint ``step`` is complete; the steps of the checkpoint
+    directories it left (see :func:`checkpoint_steps`)."""
+    proc = popen(args, cwd=cwd)
+    wait_for(run_dir / "checkpoints" / f"step_{step}" / "COMPLETE", proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    return checkpoint_steps(run_dir)
+
+
+def ended(proc: subprocess.Popen, what: str, timeout: float = HANG) -> str:
+    """The stderr of ``proc`` once it has ended; kills it and fails naming ``what`` if it is still running
+    after ``timeout`` s."""
+    try:
+        return proc.communicate(timeout=timeout)[1]
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise AssertionError(f"the run did not stop within {timeout} s of {what}") from None
+
+
+def step_records(run_dir, key: str = "time/step") -> dict[int, dict]:
+    """The records of ``run_dir``'s metrics file that hold ``key``, by step: by default the training steps'."""
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return {r["step"]: r for r in map(json.loads, f) if key in r}
+
+
+def comparable(record: dict) -> dict:
+    """A record without its timings, which differ between two runs that train alike."""
+    return {k: v for k, v in record.items() if not k.startswith(("time/", "perf/"))}
+
+
+def checkpoint_steps(run_dir) -> list[int]:
+    """The steps of the checkpoint directories ``step_<n>`` in ``run_dir``, complete or not, in order."""
+    names = os.listdir(os.path.join(run_dir, "checkpoints"))
+    return sorted(int(m[1]) for m in map(re.compile(r"step_(\d+)").fullmatch, names) if m)
+
+
+def processes_with(marker: str) -> list[int]:
+    """Live processes whose environment holds ``marker``."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if marker.encode() in f.read():
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+def processes_left(marker: str, within: float = 60) -> list[int]:
+    """The processes whose environment holds ``marker`` that are still alive ``within`` s from now (or
+    none, as soon as none is): a process killed a moment ago may not have gone yet."""
+    deadline = time.monotonic() + within
+    while (left := processes_with(marker)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
+def tiny_classifier(path) -> str:
+    """A randomly initialised reward model on the built-in tokenizer, saved at ``path``: its scores say
+    nothing of correctness."""
+    import torch
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    from areal_trainer.model import builtin
+
+    tok = builtin.build_tokenizer()
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256, num_labels=1,
+                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    LlamaForSequenceClassification(config).save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)

@@ -16,7 +16,7 @@ SHORT = ["total_train_steps=2", "sft_warmup.steps=60", "sft_warmup.batch_size=16
 
 
 def test_calculator_agent_calls_the_tool_and_its_rows_concatenate(tmp_path):
-    proc = cli(["--config-dir", EXAMPLE, "--config-name", "calculator", *SHORT], cwd=tmp_path, timeout=240)
+    proc = cli(["--config-dir", EXAMPLE, "--config-name", "calculator", *SHORT], cwd=tmp_path)
     assert "held-out accuracy:" in proc.stdout
     run = tmp_path / "outputs" / "calculator" / "short"
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

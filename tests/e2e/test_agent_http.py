@@ -5,7 +5,7 @@ cancelled one is killed."""
 
 import asyncio
 import json
-import os
+import time
 import uuid
 
 import openai
@@ -21,26 +21,13 @@ from areal_trainer.rollout.server import EndpointServer, LoopHandler
 from areal_trainer.rollout.tool_parsers import get_parser
 from examples.agents.http_agent import agent, episode
 
-from .helpers import cli
+from .helpers import HANG, cli, processes_left, processes_with
 
 ARGS = ["--config-name", "grpo", "+scale=tiny", "sft_warmup.steps=2", "total_train_steps=2",
         "rollout.agent=examples.agents.http_agent.agent.run", "valid_dataset.max_rows=4", "evaluator.freq_steps=2"]
 ROW = {"question": "Tom has 3 apples. Tom buys 4 more. How many apples does Tom have now?",
        "answer": "3 + 4 = 7\n#### 7",
        "messages": [{"role": "user", "content": "Tom has 3 apples. Tom buys 4 more. How many apples does Tom have now?"}]}
-
-
-def _processes_with(marker: str) -> list[int]:
-    """Live processes whose environment holds ``marker``."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if marker.encode() in f.read():
-                    found.append(int(pid))
-        except OSError:
-            pass
-    return found
 
 
 def test_the_http_agent_example_trains_from_the_command_line(tmp_path):
@@ -54,7 +41,7 @@ def test_the_http_agent_example_trains_from_the_command_line(tmp_path):
         assert r["agent/episodes"] <= r["agent/calls"] <= 2 * r["agent/episodes"]
     assert records[2]["eval/agent/episodes"] == 4 and records[2]["eval/agent/errors"] == 0
     # The trainer and its server thread are gone, and no episode process outlived them.
-    assert _processes_with(marker) == []
+    assert processes_left(marker) == []
 
 
 @pytest.fixture(scope="module")
@@ -109,11 +96,14 @@ def test_a_cancelled_episode_kills_its_process(endpoint, monkeypatch):
 
     async def cancelled(url, key):
         task = asyncio.ensure_future(agent.run(ROW, base_url=url, api_key=key))
-        while not _processes_with(marker):
+        deadline = time.monotonic() + HANG
+        while not processes_with(marker):  # cancelled as soon as its process runs, not after a guessed time
+            assert not task.done() and time.monotonic() < deadline, "no episode process started"
             await asyncio.sleep(0.01)
-        with pytest.raises(TimeoutError):
-            await asyncio.wait_for(task, 0.05)
-        return _processes_with(marker)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return processes_with(marker)  # the cancelled episode has waited for its process to end
 
     _, left = asyncio.run(_episode(endpoint, cancelled))
     assert left == []

@@ -21,6 +21,8 @@ def test_try_again_agent_example_runs(tmp_path):
         assert r["agent/episodes"] == 4.0  # tiny: 2 prompts x 2 episodes
         assert r["agent/errors"] == 0.0 and r["agent/timeouts"] == 0.0
         assert 4.0 <= r["agent/calls"] <= 8.0  # at most max_turns=2 calls per episode
-        assert r["agent/concat_fallbacks"] >= 0.0
+        # A fallback is a later call whose prompt did not extend its episode's row: it starts a row of its own.
+        assert r["agent/concat_fallbacks"] <= r["agent/calls"] - r["agent/episodes"]
+        assert r["rollout/rows"] == r["agent/episodes"] + r["agent/concat_fallbacks"]
     assert any("eval/accuracy" in r for r in records)
     assert "held-out accuracy" in proc.stdout

@@ -11,7 +11,7 @@ import pytest
 
 from areal_trainer.data import arith
 
-from .helpers import cli
+from .helpers import cli, comparable, step_records
 
 TINY = ["+scale=tiny", "valid_dataset=null", "evaluator.eval_before_train=false"]
 
@@ -26,19 +26,10 @@ def teacher(tmp_path_factory):
     return str(cwd / "outputs" / "grpo" / "t" / "checkpoints" / "step_2")
 
 
-def _records(run_dir):
-    with open(run_dir / "metrics.jsonl") as f:
-        return {r["step"]: r for r in map(json.loads, f) if "time/step" in r}
-
-
-def _comparable(record):
-    return {k: v for k, v in record.items() if not k.startswith(("time/", "perf/"))}
-
-
 def test_distill_preset_with_a_checkpoint_teacher_calls_no_reward(tmp_path, teacher):
     out = cli(["--config-name", "distill", *TINY, f"teacher.path={teacher}", "trial_name=d",
                "reward.fn=tests.plugins.never_called_reward"], cwd=tmp_path)
-    records = _records(tmp_path / "outputs" / "distill" / "d")
+    records = step_records(tmp_path / "outputs" / "distill" / "d")
     assert sorted(records) == [1, 2], out.stderr[-2000:]
     for r in records.values():
         assert r["reward/errors"] == 0 and r["reward/task"] == 0  # no reward function ran
@@ -53,7 +44,7 @@ def test_distill_preset_with_a_checkpoint_teacher_calls_no_reward(tmp_path, teac
 def test_rl_plus_distillation_in_both_forms(tmp_path, teacher, form):
     cli(["--config-name", "grpo", *TINY, f"+teacher.path={teacher}", f"teacher.loss_form={form}",
          "teacher.distill_loss_weight=0.5", "trial_name=rd"], cwd=tmp_path)
-    records = _records(tmp_path / "outputs" / "grpo" / "rd")
+    records = step_records(tmp_path / "outputs" / "grpo" / "rd")
     assert sorted(records) == [1, 2]
     for r in records.values():
         assert "actor/clip_frac" in r and "distill/reverse_kl" in r and "reward/gsm8k_reward_fn" in r
@@ -74,7 +65,7 @@ def test_mopd_routes_rows_to_two_teachers_by_a_dataset_column(tmp_path, teacher)
             f"+teacher.teachers.add.path={teacher}", "+teacher.teachers.sub.path=builtin:tiny",
             "teacher.mopd.rl_coefficient=1.0", "teacher.mopd.distillation_coefficient=0.5", "trial_name=m"]
     cli(args, cwd=tmp_path)
-    records = _records(tmp_path / "outputs" / "grpo" / "m")
+    records = step_records(tmp_path / "outputs" / "grpo" / "m")
     assert sorted(records) == [1, 2]
     rows = sum(r.get("distill/teacher_rows/add", 0) + r.get("distill/teacher_rows/sub", 0) for r in records.values())
     assert rows == sum(r["rollout/rows"] for r in records.values())  # every row scored by its one teacher
@@ -96,10 +87,10 @@ def test_resume_with_a_teacher_equals_the_uninterrupted_run_and_refuses_another_
     assert refused.returncode == 1 and "teacher.path" in refused.stderr
     out = cli([*args, "total_train_steps=4", "trial_name=cut", "recover.mode=auto"], cwd=tmp_path)
     assert "resuming from" in out.stdout
-    full, resumed = _records(tmp_path / "outputs" / "distill" / "full"), _records(tmp_path / "outputs" / "distill" / "cut")
+    full, resumed = step_records(tmp_path / "outputs" / "distill" / "full"), step_records(tmp_path / "outputs" / "distill" / "cut")
     assert sorted(resumed) == [1, 2, 3, 4]
     for step in range(1, 5):
-        assert _comparable(resumed[step]) == _comparable(full[step]), step
+        assert comparable(resumed[step]) == comparable(full[step]), step
     # The teacher's micro-batching only changes memory (and float rounding): a resume may change it.
     out = cli([*args, "total_train_steps=4", "trial_name=cut", "recover.mode=auto", "teacher.mb_spec.n_mbs=2"],
               cwd=tmp_path)
@@ -109,7 +100,7 @@ def test_resume_with_a_teacher_equals_the_uninterrupted_run_and_refuses_another_
 def test_async_run_with_a_teacher_scores_what_it_trains(tmp_path, teacher):
     cli(["--config-name", "distill", *TINY, f"teacher.path={teacher}", "rollout.max_head_offpolicyness=2",
          "total_train_steps=4", "trial_name=a"], cwd=tmp_path)
-    records = _records(tmp_path / "outputs" / "distill" / "a")
+    records = step_records(tmp_path / "outputs" / "distill" / "a")
     assert sorted(records) == [1, 2, 3, 4]
     assert all(r["actor/staleness/max"] <= 2 and r["distill/n_valid_tokens"] == r["actor/n_valid_tokens"]
                for r in records.values())
@@ -124,7 +115,7 @@ def test_multi_turn_rows_and_agents_with_a_teacher_score_only_trained_tokens(tmp
     update trains (the unit test in tests/train/test_teacher.py checks the positions)."""
     cli(["--config-name", "grpo", *TINY, f"+teacher.path={teacher}", "teacher.loss_form=advantage",
          "teacher.distill_loss_weight=1", *rollout, "trial_name=mt"], cwd=tmp_path)
-    records = _records(tmp_path / "outputs" / "grpo" / "mt")
+    records = step_records(tmp_path / "outputs" / "grpo" / "mt")
     assert sorted(records) == [1, 2]
     for r in records.values():
         assert r["distill/n_valid_tokens"] == r["actor/n_valid_tokens"] > 0 and "reward/task" in r
@@ -141,7 +132,7 @@ def test_lora_student_learns_from_a_teacher_and_saves_only_its_adapter(tmp_path,
          "teacher.distill_loss_weight=1", "actor.use_lora=true", "actor.lora_rank=8", "actor.optimizer.lr=1e-2",
          "rollout.dtype=float32", "trial_name=l"], cwd=tmp_path)
     run = tmp_path / "outputs" / "grpo" / "l"
-    records = _records(run)
+    records = step_records(run)
     assert sorted(records) == [1, 2]
     assert all(r["distill/n_valid_tokens"] == r["actor/n_valid_tokens"] > 0 for r in records.values())
     assert records[2]["mismatch/abs_logp_diff/max"] < 1e-5  # the rollout copy got base + adapter after step 1
@@ -161,7 +152,7 @@ def test_fsdp_lora_student_with_a_teacher_resumes_exactly(tmp_path, teacher):
             "actor.mb_spec.max_tokens_per_mb=64", "trial_name=fl", "parallel.fsdp=true"]
     _run(args, tmp_path)
     run = tmp_path / "outputs" / "distill" / "fl"
-    full = {k: _comparable(v) for k, v in _records(run).items()}
+    full = {k: comparable(v) for k, v in step_records(run).items()}
     assert sorted(full) == [1, 2]
     for r in full.values():  # 4 prompts x 2 samples over 2 processes, every trained token scored
         assert r["rollout/rows"] == 8 and r["distill/n_valid_tokens"] == r["actor/n_valid_tokens"] > 0
@@ -170,7 +161,7 @@ def test_fsdp_lora_student_with_a_teacher_resumes_exactly(tmp_path, teacher):
     shutil.rmtree(run / "checkpoints" / "step_2")
     _run([*args, "recover.mode=auto"], tmp_path)
     assert (run / "checkpoints" / "step_2" / "COMPLETE").exists()  # step 2 ran again
-    assert {k: _comparable(v) for k, v in _records(run).items()} == full
+    assert {k: comparable(v) for k, v in step_records(run).items()} == full
 
 
 def test_bad_teachers_are_reported_before_anything_loads(tmp_path):

@@ -10,11 +10,10 @@ import resource
 import shutil
 import subprocess
 import sys
-import time
 
 import pytest
 
-from .helpers import cli, cli_env
+from .helpers import HANG, cli, cli_env, wait_until
 
 TINY = ["--config-name", "grpo", "+scale=tiny", "valid_dataset=null", "saver.freq_steps=1", "saver.keep_last=5",
         "experiment_name=x",
@@ -163,23 +162,25 @@ def test_a_stray_directory_beside_the_checkpoints_is_left_alone(run):
 
 # -- 3. two runs in one directory ------------------------------------------------------------------------
 def test_a_second_run_in_the_same_directory_stops_at_once_naming_the_first(tmp_path):
-    first = subprocess.Popen([sys.executable, "-m", "areal_trainer", *TINY, "total_train_steps=30"], cwd=tmp_path,
-                             env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # The first run's reward waits for the file ``release``: it holds the directory until the second is refused.
+    release = tmp_path / "release"
+    first = subprocess.Popen([sys.executable, "-m", "areal_trainer", *TINY, "total_train_steps=3",
+                              "reward.fn=tests.plugins.held_reward", "reward.workers=0"], cwd=tmp_path,
+                             env=cli_env({"AREAL_TEST_RELEASE": str(release)}), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
     try:
         lock = tmp_path / "outputs" / "x" / "t" / ".lock"
-        deadline = time.time() + 120
-        while not (lock.exists() and lock.read_text().strip()):
-            assert first.poll() is None and time.time() < deadline
-            time.sleep(0.05)
+        wait_until(lambda: lock.exists() and lock.read_text().strip(), first, "the first run's lock")
         before = _snapshot(tmp_path)
-        proc = cli([*TINY, "total_train_steps=30"], cwd=tmp_path, check=False)
+        proc = cli([*TINY, "total_train_steps=3"], cwd=tmp_path, check=False)
         line = _one_error_line(proc)
         assert proc.returncode == 1 and f"is in use by another run (PID {first.pid})" in line
         assert set(before) <= set(_snapshot(tmp_path))  # nothing of the first run was touched or removed
     finally:
-        out, err = first.communicate(timeout=300)
+        release.touch()
+        out, err = first.communicate(timeout=HANG)
     assert first.returncode == 0, err[-3000:]
-    assert _steps(tmp_path) == list(range(1, 31))  # one record per step
+    assert _steps(tmp_path) == [1, 2, 3]  # one record per step
 
 
 # -- 4. the history is never rewritten in place ----------------------------------------------------------

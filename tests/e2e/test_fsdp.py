@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from .helpers import ROOT, cli_env
+from .helpers import ROOT, cli_env, comparable, step_records
 
 WORKER = os.path.join(os.path.dirname(__file__), "dist_check.py")
 LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--use_fsdp", "--fsdp_version", "2",
@@ -36,22 +36,33 @@ def _run(cmd, cwd, timeout=300):
     assert proc.returncode == 0, err[-4000:]
 
 
-def test_fsdp_two_processes_equal_one(tmp_path):
+def _one_and_two(tmp_path, *flags) -> tuple[dict, dict, dict]:
+    """The check run as one process and as two under FSDP2: one process's record, then each rank's."""
     (tmp_path / "one").mkdir()
     (tmp_path / "two").mkdir()
-    _run([sys.executable, WORKER, str(tmp_path / "one"), "--fsdp"], ROOT)
-    _run([*LAUNCH, WORKER, str(tmp_path / "two"), "--fsdp"], ROOT)
+    _run([sys.executable, WORKER, str(tmp_path / "one"), *flags], ROOT)
+    _run([*LAUNCH, WORKER, str(tmp_path / "two"), *flags], ROOT)
     one = torch.load(tmp_path / "one" / "rank0.pt")
     r0, r1 = (torch.load(tmp_path / "two" / f"rank{r}.pt") for r in (0, 1))
+    return one, r0, r1
+
+
+def _same_update(one: dict, r0: dict, r1: dict) -> None:
+    """Two processes took the one-process step: its loss, gradient norm and weight change (to about a float32
+    ulp of the weights), with the same full weights on every rank."""
+    torch.testing.assert_close(r0["loss"], one["loss"], atol=1e-6, rtol=1e-5)
+    assert abs(r0["grad_norm"] - one["grad_norm"]) <= 1e-4 * one["grad_norm"] and r0["grad_norm"] == r1["grad_norm"]
+    assert one["delta"].abs().max() > 1e-4
+    torch.testing.assert_close(r0["delta"], one["delta"], atol=3e-7, rtol=1e-4)
+    torch.testing.assert_close(r1["delta"], r0["delta"], atol=0, rtol=0)
+
+
+def test_fsdp_two_processes_equal_one(tmp_path):
+    one, r0, r1 = _one_and_two(tmp_path, "--fsdp")
     assert not one["fsdp"] and r0["fsdp"] and r1["fsdp"]
     assert r0["n_micro"] != r1["n_micro"]  # the padding of the shorter rank is exercised
     assert one["grad_norm"] > 0.005  # the clipping (at 0.005) is exercised
-    torch.testing.assert_close(r0["loss"], one["loss"], atol=1e-6, rtol=1e-5)
-    assert abs(r0["grad_norm"] - one["grad_norm"]) <= 1e-4 * one["grad_norm"]
-    assert r0["grad_norm"] == r1["grad_norm"]
-    assert one["delta"].abs().max() > 1e-4
-    torch.testing.assert_close(r0["delta"], one["delta"], atol=3e-7, rtol=1e-4)  # ~ float32 ulp of the weights
-    torch.testing.assert_close(r1["delta"], r0["delta"], atol=0, rtol=0)  # the same full weights on every rank
+    _same_update(one, r0, r1)
 
 
 @pytest.mark.parametrize("layout", ["sharded", "whole"])
@@ -59,13 +70,7 @@ def test_fsdp_distillation_two_processes_equal_one(tmp_path, layout):
     """Pure on-policy distillation under FSDP2: each process's teacher (sharded like the policy, or whole on
     every process with teacher.shard=false) scores its own rows exactly as one process scores them, and the
     reverse-KL update (its normaliser global over the processes) equals the single-process one."""
-    (tmp_path / "one").mkdir()
-    (tmp_path / "two").mkdir()
-    flags = ["--fsdp", "--teacher"] + (["--whole-teacher"] if layout == "whole" else [])
-    _run([sys.executable, WORKER, str(tmp_path / "one"), *flags], ROOT)
-    _run([*LAUNCH, WORKER, str(tmp_path / "two"), *flags], ROOT)
-    one = torch.load(tmp_path / "one" / "rank0.pt")
-    r0, r1 = (torch.load(tmp_path / "two" / f"rank{r}.pt") for r in (0, 1))
+    one, r0, r1 = _one_and_two(tmp_path, "--fsdp", "--teacher", *(["--whole-teacher"] if layout == "whole" else []))
     assert r0["fsdp"] and r1["fsdp"] and r0["n_micro"] != r1["n_micro"]
     half = r0["teacher_logp"].shape[0]
     assert half * 2 == one["teacher_logp"].shape[0]
@@ -77,11 +82,7 @@ def test_fsdp_distillation_two_processes_equal_one(tmp_path, layout):
         torch.testing.assert_close(r["teacher_logp"], mine[:, :width], atol=1e-6, rtol=1e-5)
     assert (one["advantages"] == 0).all()  # pure distillation estimates no advantage
     assert one["metrics"]["distill/reverse_kl"] != 0
-    torch.testing.assert_close(r0["loss"], one["loss"], atol=1e-6, rtol=1e-5)
-    assert abs(r0["grad_norm"] - one["grad_norm"]) <= 1e-4 * one["grad_norm"] and r0["grad_norm"] == r1["grad_norm"]
-    assert one["delta"].abs().max() > 1e-4
-    torch.testing.assert_close(r0["delta"], one["delta"], atol=3e-7, rtol=1e-4)
-    torch.testing.assert_close(r1["delta"], r0["delta"], atol=0, rtol=0)
+    _same_update(one, r0, r1)
 
 
 def test_fsdp_lora_two_processes_equal_one(tmp_path):
@@ -89,20 +90,11 @@ def test_fsdp_lora_two_processes_equal_one(tmp_path):
     stays frozen, and the adapter saved from the gathered full state dict equals the one-process one."""
     from safetensors.torch import load_file
 
-    (tmp_path / "one").mkdir()
-    (tmp_path / "two").mkdir()
-    _run([sys.executable, WORKER, str(tmp_path / "one"), "--fsdp", "--lora"], ROOT)
-    _run([*LAUNCH, WORKER, str(tmp_path / "two"), "--fsdp", "--lora"], ROOT)
-    one = torch.load(tmp_path / "one" / "rank0.pt")
-    r0, r1 = (torch.load(tmp_path / "two" / f"rank{r}.pt") for r in (0, 1))
+    one, r0, r1 = _one_and_two(tmp_path, "--fsdp", "--lora")
     assert not one["fsdp"] and r0["fsdp"] and r1["fsdp"]
     assert r0["n_micro"] != r1["n_micro"]
     assert one["trainable"] == r0["trainable"] and all(".lora_" in n for n in one["trainable"])
-    torch.testing.assert_close(r0["loss"], one["loss"], atol=1e-6, rtol=1e-5)
-    assert abs(r0["grad_norm"] - one["grad_norm"]) <= 1e-4 * one["grad_norm"] and r0["grad_norm"] == r1["grad_norm"]
-    assert one["delta"].abs().max() > 1e-4
-    torch.testing.assert_close(r0["delta"], one["delta"], atol=3e-7, rtol=1e-4)
-    torch.testing.assert_close(r1["delta"], r0["delta"], atol=0, rtol=0)
+    _same_update(one, r0, r1)
     adapter_one, adapter_two = (load_file(tmp_path / d / "adapter" / "adapter_model.safetensors") for d in ("one", "two"))
     assert sorted(adapter_one) == sorted(adapter_two) and len(adapter_one) == len(one["trainable"])
     assert any(v.abs().max() > 0 for k, v in adapter_one.items() if ".lora_B." in k)  # the update is in it
@@ -151,9 +143,7 @@ def test_fsdp_lora_cli_run_saves_adapters_and_resumes_exactly(tmp_path):
     run = tmp_path / "outputs" / "ppo" / "lora"
 
     def records():
-        with open(run / "metrics.jsonl") as f:
-            return {r["step"]: {k: v for k, v in r.items() if not k.startswith(("time/", "perf/"))}
-                    for r in map(json.loads, f) if "reward/task" in r}
+        return {step: comparable(r) for step, r in step_records(run, "reward/task").items()}
 
     full = records()
     assert sorted(full) == [1, 2]

@@ -5,12 +5,8 @@ distillation runs that report the reverse KL to the teacher and never say "befor
 import json
 
 import pytest
-import torch
-from transformers import LlamaConfig, LlamaForSequenceClassification
 
-from areal_trainer.model import builtin
-
-from .helpers import cli
+from .helpers import cli, tiny_classifier
 
 TINY = ["+scale=tiny"]
 
@@ -32,15 +28,7 @@ def _bar_lines(run_dir, algo: str) -> list[str]:
 @pytest.fixture(scope="module")
 def classifier(tmp_path_factory) -> str:
     """A randomly initialised reward model on the built-in tokenizer: scores that say nothing of correctness."""
-    tok = builtin.build_tokenizer()
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256, num_labels=1,
-                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    path = tmp_path_factory.mktemp("classifier")
-    LlamaForSequenceClassification(config).save_pretrained(path)
-    tok.save_pretrained(path)
-    return str(path)
+    return tiny_classifier(tmp_path_factory.mktemp("classifier"))
 
 
 def test_a_reward_model_alone_reports_no_accuracy_and_names_what_it_reports(tmp_path, classifier):

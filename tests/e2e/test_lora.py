@@ -3,11 +3,10 @@ base has finite metrics and adapter checkpoints, and resuming from step 1 repeat
 ``critic.use_lora`` (the ppo preset): the critic's checkpoint holds its adapter, value head and base, and
 resuming repeats step 2 exactly. Unknown target modules fail before the warm start."""
 
-import json
 import math
 import shutil
 
-from .helpers import cli
+from .helpers import cli, comparable, step_records
 
 # A reward that varies between the answers of an untrained model, so the adapter does move; a rollout
 # copy of the policy in float32 (it receives the merged weights); the KL penalty against the base.
@@ -17,22 +16,33 @@ ARGS = ["--config-name", "grpo", "+scale=tiny", "saver.freq_steps=1", "actor.use
 
 
 def _records(run_dir):
-    with open(run_dir / "metrics.jsonl") as f:
-        return {r["step"]: r for r in map(json.loads, f) if "reward/task" in r}
+    return step_records(run_dir, "reward/task")
 
 
-def _comparable(record):
-    return {k: v for k, v in record.items() if not k.startswith(("time/", "perf/"))}
+def _two_finite_steps(run) -> dict[int, dict]:
+    """The run's two step records, every value in them finite."""
+    full = _records(run)
+    assert sorted(full) == [1, 2]
+    for record in full.values():
+        assert all(math.isfinite(v) for v in record.values() if isinstance(v, float)), record
+    return full
+
+
+def _resuming_from_step_1_repeats_step_2(args, run, full, cwd) -> None:
+    """Without step 2's checkpoint, a resume from step 1 trains step 2 again, exactly as before."""
+    shutil.rmtree(run / "checkpoints" / "step_2")
+    out = cli([*args, "recover.mode=auto"], cwd=cwd)
+    assert f"resuming from {run / 'checkpoints' / 'step_1'} (step 1 of 2)" in out.stdout
+    resumed = _records(run)
+    assert sorted(resumed) == [1, 2]
+    assert comparable(resumed[2]) == comparable(full[2])
 
 
 def test_lora_run_is_finite_and_resumes_exactly(tmp_path):
     out = cli(ARGS, cwd=tmp_path)
     assert "LoRA: 94208 trainable of 1257600 parameters (7.49%)" in out.stdout
     run = tmp_path / "outputs" / "grpo" / "lora"
-    full = _records(run)
-    assert sorted(full) == [1, 2]
-    for record in full.values():
-        assert all(math.isfinite(v) for v in record.values() if isinstance(v, float)), record
+    full = _two_finite_steps(run)
     # The reference is the base with the adapter off: equal to the policy before the first update only.
     assert abs(full[1]["advantage/kl_reward"]) < 1e-7 < 1e-6 < abs(full[2]["advantage/kl_reward"])
     # The rollout copy samples with the updated adapter: its log-probs equal the policy's.
@@ -42,12 +52,7 @@ def test_lora_run_is_finite_and_resumes_exactly(tmp_path):
     assert (actor / "base_model.pt").is_file()  # the warm start changed the base
     assert not (run / "checkpoints" / "step_1" / "ref").exists()  # the reference is the base: no copy
 
-    shutil.rmtree(run / "checkpoints" / "step_2")
-    out = cli([*ARGS, "recover.mode=auto"], cwd=tmp_path)
-    assert f"resuming from {run / 'checkpoints' / 'step_1'} (step 1 of 2)" in out.stdout
-    resumed = _records(run)
-    assert sorted(resumed) == [1, 2]
-    assert _comparable(resumed[2]) == _comparable(full[2])
+    _resuming_from_step_1_repeats_step_2(ARGS, run, full, tmp_path)
 
 
 def test_unknown_target_module_fails_before_the_warm_start(tmp_path):
@@ -68,10 +73,7 @@ def test_critic_lora_run_saves_adapter_and_head_and_resumes_exactly(tmp_path):
     # the actor's 94208 adapter parameters on the same backbone, and the 129 of the value head
     assert "critic LoRA: 94337 trainable of 1257729 parameters (7.50%)" in out.stdout
     run = tmp_path / "outputs" / "ppo" / "critic_lora"
-    full = _records(run)
-    assert sorted(full) == [1, 2]
-    for record in full.values():
-        assert all(math.isfinite(v) for v in record.values() if isinstance(v, float)), record
+    full = _two_finite_steps(run)
     assert full[2]["critic/update/grad_norm"] > 0
     critic = run / "checkpoints" / "step_1" / "critic"
     assert sorted(p.name for p in critic.iterdir() if not p.name.startswith(("tokenizer", "chat_template"))) == \
@@ -79,12 +81,7 @@ def test_critic_lora_run_saves_adapter_and_head_and_resumes_exactly(tmp_path):
          "value_head.pt"]  # base_model.pt: copied from the warm-started policy
     assert (run / "checkpoints" / "step_1" / "actor" / "model.safetensors").is_file()  # the policy: full weights
 
-    shutil.rmtree(run / "checkpoints" / "step_2")
-    out = cli([*CRITIC_ARGS, "recover.mode=auto"], cwd=tmp_path)
-    assert f"resuming from {run / 'checkpoints' / 'step_1'} (step 1 of 2)" in out.stdout
-    resumed = _records(run)
-    assert sorted(resumed) == [1, 2]
-    assert _comparable(resumed[2]) == _comparable(full[2])
+    _resuming_from_step_1_repeats_step_2(CRITIC_ARGS, run, full, tmp_path)
 
 
 def test_unknown_critic_target_module_fails_before_the_warm_start(tmp_path):

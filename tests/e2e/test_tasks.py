@@ -4,19 +4,15 @@ in every way (the run completes, each failure is counted, no worker outlives it)
 a scoring service, alone and weighted with a function, and a service that fails."""
 
 import json
-import os
 import socket
 import uuid
 
 import pytest
-import torch
-from transformers import LlamaConfig, LlamaForSequenceClassification
 
 from areal_trainer.data import arith
-from areal_trainer.model import builtin
-from tests.servers import Server
+from tests.servers import serving
 
-from .helpers import cli
+from .helpers import cli, processes_left, step_records, tiny_classifier
 
 BASE = ["--config-name", "grpo", "+scale=tiny", "allow_builtin_model_on_any_data=true", "sft_warmup.steps=0",
         "valid_dataset=null"]
@@ -32,14 +28,9 @@ def _arith(n: int) -> list[dict]:
     return arith.generate("train", n)
 
 
-def _records(run_dir) -> dict[int, dict]:
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        return {r["step"]: r for r in map(json.loads, f) if "time/step" in r}
-
-
 def _run(tmp_path, *overrides, env=None, trial="t") -> dict[int, dict]:
     cli([*BASE, f"trial_name={trial}", *overrides], cwd=tmp_path, env=env)
-    return _records(tmp_path / "outputs" / "grpo" / trial)
+    return step_records(tmp_path / "outputs" / "grpo" / trial)
 
 
 def _solution(row: dict) -> str:
@@ -88,19 +79,6 @@ def test_a_reward_function_gets_a_column_beyond_the_answer(tmp_path):
     assert all(r["reward/tolerant"] == 0.5 for r in records.values())
 
 
-def _processes_with(marker: str) -> list[int]:
-    """Live processes whose environment holds ``marker``."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if marker.encode() in f.read():
-                    found.append(int(pid))
-        except OSError:
-            pass
-    return found
-
-
 def test_a_reward_that_hangs_raises_returns_nan_or_none_or_exits_costs_nothing_but_its_samples(tmp_path):
     modes = ["ok", "hang", "raise", "nan", "none", "exit"]
     rows = [dict(r, mode=modes[i % len(modes)]) for i, r in enumerate(_arith(6))]
@@ -116,7 +94,7 @@ def test_a_reward_that_hangs_raises_returns_nan_or_none_or_exits_costs_nothing_b
     assert counts == dict.fromkeys(counts, 2.0)
     assert r["reward/by_mode"] == 1.0  # the mean over the samples it gave a number for
     assert r["reward/sampled"] == pytest.approx((2 * 1.0 + 2 * -1.0 + 6 * -2.0 + 2 * 0.0) / 12)
-    assert _processes_with(marker) == []
+    assert processes_left(marker) == []  # none outlives the run
 
 
 # -- reward models and scoring services --------------------------------------------------------------
@@ -124,23 +102,13 @@ def test_a_reward_that_hangs_raises_returns_nan_or_none_or_exits_costs_nothing_b
 
 @pytest.fixture(scope="module")
 def classifier(tmp_path_factory) -> str:
-    tok = builtin.build_tokenizer()
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256, num_labels=1,
-                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    path = tmp_path_factory.mktemp("classifier")
-    LlamaForSequenceClassification(config).save_pretrained(path)
-    tok.save_pretrained(path)
-    return str(path)
+    return tiny_classifier(tmp_path_factory.mktemp("classifier"))
 
 
 @pytest.fixture
 def server(monkeypatch):
-    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
-    s = Server()
-    yield s
-    s.stop()
+    with serving(monkeypatch) as s:
+        yield s
 
 
 def test_a_reward_model_trains_alone_and_weighted_with_a_function(tmp_path, classifier):

@@ -15,6 +15,8 @@ from areal_trainer.errors import UserError
 from areal_trainer.reward import code
 from areal_trainer.reward.code import extract_code, split_tests, unit_tests
 
+from ..helpers import HANG, alive, wait_dead, within
+
 TESTS = ["assert f(1) == 5", "assert f(2) == 8", "assert f(0) == 2", "assert f(-1) == -1"]
 RIGHT = "def f(x):\n    return 3 * x + 2\n"
 SECCOMP = sys.platform == "linux" and platform.machine().lower() in ("x86_64", "amd64", "aarch64", "arm64")
@@ -128,20 +130,21 @@ def test_extract_code(completion, expected):
 
 def test_infinite_loop_is_stopped_at_the_timeout(started):
     start = time.monotonic()
-    assert unit_tests("p", fenced("while True:\n    pass\n"), "", tests=TESTS, timeout=1.0) == 0.0
-    assert time.monotonic() - start < 1.0 + 2.0
+    assert within(HANG, unit_tests, "p", fenced("while True:\n    pass\n"), "", tests=TESTS, timeout=1.0) == 0.0
+    assert time.monotonic() - start >= 1.0
     assert_nothing_left(started)
 
 
 def test_hanging_test_keeps_earlier_results():
     body = RIGHT + "def hang():\n    while True:\n        pass\n"
-    assert unit_tests("p", fenced(body), "", tests=TESTS[:2] + ["hang()"], timeout=1.0) == pytest.approx(2 / 3)
+    assert unit_tests("p", fenced(body), "", tests=TESTS[:2] + ["hang()"], timeout=3.0) == pytest.approx(2 / 3)
 
 
 def test_ten_gigabytes_fail_fast():
+    # Refused at once by the memory limit: not swapped until a deadline (set far off, so that only that shows).
     start = time.monotonic()
-    assert unit_tests("p", fenced("x = bytearray(10 * 2**30)\n" + RIGHT), "", tests=TESTS) == 0.0
-    assert time.monotonic() - start < 3.0
+    assert unit_tests("p", fenced("x = bytearray(10 * 2**30)\n" + RIGHT), "", tests=TESTS, timeout=60) == 0.0
+    assert time.monotonic() - start < 30
 
 
 def test_fork_bomb_leaves_nothing_behind(started):
@@ -162,7 +165,7 @@ def test_kernel_refuses_fork_signals_and_sockets_past_python(started):
     body = ("import ctypes\nlibc = ctypes.CDLL(None)\n"
             "results = [libc.fork() for _ in range(3)] + [libc.kill(-1, 0), libc.socket(2, 1, 0)]\n"
             "def f(x):\n    return 3 * x + 2 if all(r == -1 for r in results) else None\n")
-    assert unit_tests("p", fenced(body), "", tests=TESTS, timeout=2.0) == 1.0
+    assert unit_tests("p", fenced(body), "", tests=TESTS, timeout=10.0) == 1.0
     assert_nothing_left(started)
 
 
@@ -176,7 +179,8 @@ class Reporting(subprocess.Popen):
         print(self.pid, flush=True)
 
 code.subprocess.Popen = Reporting
-code.unit_tests("p", "import time\\ntime.sleep(60)", "", tests=["assert True"], timeout=60)
+code.unit_tests("p", "open('in_code', 'w').close()\\nimport time\\ntime.sleep(60)", "", tests=["assert True"],
+                timeout=60)
 """
 
 
@@ -186,23 +190,14 @@ def test_sandbox_dies_with_a_worker_killed_mid_call(tmp_path):
     worker = subprocess.Popen([sys.executable, "-c", WORKER], stdout=subprocess.PIPE, text=True, env=env)
     try:
         sandbox = int(worker.stdout.readline())
-        time.sleep(0.5)
-        assert alive(sandbox)  # sleeping in the code
+        deadline = time.monotonic() + HANG
+        while not list(tmp_path.rglob("in_code")):  # the code runs: it sleeps now
+            assert alive(sandbox) and time.monotonic() < deadline, "the sandbox did not run the code"
+            time.sleep(0.01)
     finally:
         worker.kill()
         worker.wait()
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and alive(sandbox):
-        time.sleep(0.05)
-    assert not alive(sandbox)
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
+    assert wait_dead(sandbox)
 
 
 @pytest.fixture

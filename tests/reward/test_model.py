@@ -41,11 +41,6 @@ def save(model, tok, path) -> str:
 
 
 @pytest.fixture(scope="module")
-def tok():
-    return builtin.build_tokenizer()
-
-
-@pytest.fixture(scope="module")
 def classifier_dir(tok, tmp_path_factory):
     torch.manual_seed(0)
     model = LlamaForSequenceClassification(tiny_config(tok, num_labels=1, pad_token_id=tok.pad_token_id))

@@ -11,15 +11,13 @@ from areal_trainer.errors import UserError
 from areal_trainer.reward.functions import RewardSample
 from areal_trainer.reward.remote import RemoteReward, url_problems
 from areal_trainer.reward.service import RewardService
-from tests.servers import Server
+from tests.servers import serving
 
 
 @pytest.fixture
 def server(monkeypatch):
-    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
-    s = Server()
-    yield s
-    s.stop()
+    with serving(monkeypatch) as s:
+        yield s
 
 
 SAMPLES = [RewardSample("p", "x" * k, answer=k, fields={"id": k}) for k in range(7)]
@@ -82,7 +80,13 @@ def test_a_refused_connection_stops_the_run_naming_the_url(monkeypatch):
 
 
 def test_at_most_max_concurrent_requests_are_in_flight(server):
-    server.delay = 0.15
+    def held(body) -> float:  # each request waits until three were in flight at once (20 s at most)
+        deadline = time.monotonic() + 20
+        while server.max_in_flight < 3 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        return 0.0
+
+    server.delay = held
     rewards = score(RemoteReward(server.url, batch_size=1, max_concurrent=3))
     assert rewards[1:] == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
     assert len(server.requests) == 7 and server.max_in_flight == 3

@@ -2,7 +2,6 @@
 without stopping the batch, and a clear stop when a source fails on too much of a batch."""
 
 import asyncio
-import os
 import time
 
 import pytest
@@ -10,6 +9,8 @@ import pytest
 from areal_trainer.errors import UserError
 from areal_trainer.reward.functions import RewardFunction, RewardSample
 from areal_trainer.reward.service import FunctionReward, RewardService, SourceResult
+
+from ..helpers import HANG, wait_dead, within
 
 P = "tests.plugins."
 
@@ -20,22 +21,28 @@ def source(name, workers=0, timeout=5.0, **kwargs):
 
 
 class Fixed:
-    """A source with given values (a plain list, as RemoteReward returns), after ``delay`` seconds."""
+    """A source with given values (a plain list, as RemoteReward returns)."""
 
-    def __init__(self, name, values, delay=0.0):
-        self.name, self.values, self.delay = name, values, delay
+    def __init__(self, name, values):
+        self.name, self.values = name, values
 
     async def score(self, samples):
-        await asyncio.sleep(self.delay)
         return list(self.values)
 
 
-def alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+class Meeting:
+    """A source with given values once every source named in ``room`` (a list shared by them) is scoring; after
+    60 s without the others it gives up and scores None: the sources ran one after the other."""
+
+    def __init__(self, name, values, room: list):
+        self.name, self.values, self.room = name, values, room
+
+    async def score(self, samples):
+        self.room.remove(self.name)
+        deadline = time.monotonic() + 60
+        while self.room and time.monotonic() < deadline:
+            await asyncio.sleep(0.001)
+        return list(self.values) if not self.room else [None] * len(samples)
 
 
 ROWS = [RewardSample("q", "4", "4", {"tolerance": 0.5}),
@@ -87,9 +94,7 @@ def test_every_kind_of_bad_behaviour_is_scored_and_counted():
     completions = ["ok:0.5", "hang", "raise", "nan", "none", "exit", "ok:0.25", "ok:1"]
     samples = [RewardSample("q", c) for c in completions] + [RewardSample("q", "pid")] * 2
     service = RewardService([fn], error_value=-1.0, timeout_value=-2.0, max_error_fraction=0.9)
-    t0 = time.monotonic()
-    scores = service.score(samples)
-    assert time.monotonic() - t0 < 8.0
+    scores = within(HANG, service.score, samples)  # the hung call is killed at its deadline
     assert scores.rewards[:8] == [0.5, -2.0, -1.0, -1.0, 0.0, -1.0, 0.25, 1.0]
     m = scores.metrics()
     assert {k: m[k] for k in ("reward/errors", "reward/timeouts", "reward/worker_deaths", "reward/nonfinite",
@@ -102,8 +107,7 @@ def test_every_kind_of_bad_behaviour_is_scored_and_counted():
     pids = {int(v) for v in scores.values["by_completion"][8:]} | set(fn.pool.pids)
     assert fn.pool.restarts == 2  # the hung worker was killed, the exited one replaced
     service.close()
-    time.sleep(0.1)
-    assert fn.pool.pids == [] and not [p for p in pids if alive(p)]
+    assert fn.pool.pids == [] and all(wait_dead(p) for p in pids)
 
 
 def test_too_many_failures_in_one_batch_stop_the_run_with_an_example():
@@ -138,15 +142,13 @@ def test_contract_violations_stop_the_run():
 
 
 def test_sources_run_concurrently_and_score_works_inside_an_event_loop():
-    service = RewardService([Fixed("a", [1.0] * 3, delay=0.4), Fixed("b", [1.0] * 3, delay=0.4)])
+    room = ["a", "b"]  # each source scores only once both are scoring
+    service = RewardService([Meeting("a", [1.0] * 3, room), Meeting("b", [1.0] * 3, room)])
 
     async def main():
-        t0 = time.monotonic()
-        scores = service.score(ROWS)  # synchronous facade called from a coroutine
-        return scores, time.monotonic() - t0
+        return service.score(ROWS)  # synchronous facade called from a coroutine
 
-    scores, elapsed = asyncio.run(main())
-    assert scores.rewards == [2.0] * 3 and elapsed < 0.75
+    assert asyncio.run(main()).rewards == [2.0] * 3
 
 
 def test_duplicate_source_names_get_distinct_metrics():

@@ -3,6 +3,7 @@ template that rewrites history (Qwen3 drops earlier <think> blocks) makes concat
 rows, episodes run concurrently with their requests batched, and a misbehaving agent is contained."""
 
 import asyncio
+import threading
 import types
 
 import pytest
@@ -27,11 +28,6 @@ THINK_DROPPING = (
     "{% else %}{{ m['content'] }}{% endif %}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 THOUGHT = "<think> 3 + 4</think> 7"  # decodes and re-encodes to the same ids with the tokenizer below
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return build_tokenizer()
 
 
 def _samples(n):
@@ -157,20 +153,35 @@ async def slow(data, *, client, delay=0.3):
     return 0.0
 
 
+class Meeting:
+    """Episodes that, after their call, each wait in their tool until ``n`` episodes have been in it at once
+    (for at most 30 s from the first one's arrival); ``most``: how many were in it together."""
+
+    def __init__(self, n: int):
+        self.n, self.inside, self.most, self.deadline = n, 0, 0, None
+
+    async def run(self, data, *, client):
+        await client.chat.completions.create(model="m", messages=data["messages"], max_tokens=2)
+        loop = asyncio.get_running_loop()
+        self.deadline = self.deadline or loop.time() + 30
+        self.inside += 1
+        self.most = max(self.most, self.inside)
+        while self.most < self.n and loop.time() < self.deadline:
+            await asyncio.sleep(0.001)
+        self.inside -= 1
+        return 0.0
+
+
 def test_episodes_run_concurrently_and_max_concurrent_bounds_them(tok):
     engine = Recording(Scripted(tok, "7"))
     g = GenerationHyperparameters(n_samples=2, max_new_tokens=4)
-    wf = _workflow(engine, tok, "tests.rollout.test_agent.slow", agent_kwargs={"delay": 0.3})
-    loop = asyncio.new_event_loop()
-    t0 = loop.time()
+    wf = _workflow(engine, tok, "tests.rollout.test_agent.Meeting", agent_kwargs={"n": 8})
     wf.rollout(_samples(4), g)
-    concurrent = loop.time() - t0
-    assert engine.sizes == [8] and concurrent < 8 * 0.3 / 2
+    assert engine.sizes == [8] and wf.instance.most == 8  # all eight episodes were in their tools at once
     engine = Recording(Scripted(tok, "7"))
     wf = _workflow(engine, tok, "tests.rollout.test_agent.slow", agent_kwargs={"delay": 0.05}, max_concurrent=2)
     wf.rollout(_samples(4), g)
     assert max(engine.sizes) <= 2 and sum(engine.sizes) == 8
-    loop.close()
 
 
 async def failing(data, *, client):
@@ -202,7 +213,7 @@ def test_too_many_failing_episodes_stop_the_run_naming_the_agent_and_an_example(
 
 
 def test_an_episode_past_the_timeout_is_cancelled_scored_and_counted_without_stopping(tok):
-    wf = _workflow(Scripted(tok, "7"), tok, "tests.rollout.test_agent.hanging", timeout=0.5)
+    wf = _workflow(Scripted(tok, "7"), tok, "tests.rollout.test_agent.hanging", timeout=2.0)
     groups = wf.rollout(_samples(3), GenerationHyperparameters(n_samples=1, max_new_tokens=4))
     assert [g["rewards"].tolist() for g in groups] == [[-1.0], [1.0], [1.0]]
     assert [g.stats["agent/timeouts"].value for g in groups] == [1, 0, 0]
@@ -253,21 +264,28 @@ def test_agent_kwargs_that_do_not_fit_are_refused():
         load_agent("tests.rollout.test_agent.slow", {"colour": 1})
 
 
+STUCK = {"in": threading.Event(), "release": threading.Event(), "out": threading.Event()}
+"""Where :func:`stuck_sync_agent`'s stuck episode is: stuck, let go, returned."""
+
+
 def stuck_sync_agent(data, *, client):
     client.chat.completions.create(model="m", messages=data["messages"])
-    if data["id"] == 0:
-        import time
-        time.sleep(30)  # a thread cannot be cancelled: the episode is abandoned at its timeout
+    if data["id"] == 0:  # a thread cannot be cancelled: the episode is abandoned at its timeout
+        STUCK["in"].set()
+        STUCK["release"].wait(120)
+        STUCK["out"].set()
     return 1.0
 
 
 def test_a_plain_def_agent_past_its_timeout_does_not_hold_up_the_rollout(tok):
-    import time
-
-    wf = _workflow(Scripted(tok, "7"), tok, "tests.rollout.test_agent.stuck_sync_agent", timeout=0.5)
-    t0 = time.monotonic()
-    groups = wf.rollout(_samples(2), GenerationHyperparameters(n_samples=1, max_new_tokens=4))
-    assert time.monotonic() - t0 < 10
+    for event in STUCK.values():
+        event.clear()
+    wf = _workflow(Scripted(tok, "7"), tok, "tests.rollout.test_agent.stuck_sync_agent", timeout=2.0)
+    try:
+        groups = wf.rollout(_samples(2), GenerationHyperparameters(n_samples=1, max_new_tokens=4))
+        assert STUCK["in"].is_set() and not STUCK["out"].is_set()  # the rollout returned while it was stuck
+    finally:
+        STUCK["release"].set()
     assert [g["rewards"].tolist() for g in groups] == [[-1.0], [1.0]]
     assert groups[0].stats["agent/timeouts"].value == 1
 

@@ -19,7 +19,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from areal_trainer.config.sampling import GenerationHyperparameters
-from areal_trainer.model.builtin import build_model, build_tokenizer
+from areal_trainer.model.builtin import build_model
 from areal_trainer.model.chat import prompt_ids
 from areal_trainer.rollout.agent_client import EpisodeSession
 from areal_trainer.rollout.batcher import GenerationBatcher
@@ -94,11 +94,6 @@ class Stack:
         self.server.stop()
         self.loop.run(self.batcher.close())
         self.loop.close()
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return build_tokenizer()
 
 
 @pytest.fixture(scope="module")

@@ -10,18 +10,13 @@ import pytest
 import torch
 
 from areal_trainer.config.schema import GenerationHyperparameters
-from areal_trainer.model.builtin import build_model, build_tokenizer
+from areal_trainer.model.builtin import build_model
 from areal_trainer.rollout.engine import GenerationAborted, HFEngine, rollout_copy
 from areal_trainer.rollout.workflow import prompt_ids
 from areal_trainer.train.logprobs import forward_logprobs
 
 CPU = torch.device("cpu")
 G = GenerationHyperparameters(max_new_tokens=12, temperature=1.0)
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return build_tokenizer()
 
 
 def _models(tok):
@@ -66,9 +61,10 @@ def test_scheduled_switch_continues_answers_under_the_new_weights(tok):
     _check_versions_and_logprobs(gens, prompts, {0: old, 1: new})
 
 
-def _slow_down(model, started: threading.Event, after: int = 3, delay: float = 0.05):
-    """Slow down the model's forwards from the ``after``-th on (and say so), so that a weight update
-    from another thread lands while answers are still being sampled."""
+def _slow_down(model, started: threading.Event, until, after: int = 3, delay: float = 0.05):
+    """Slow down the model's forwards from the ``after``-th on (and say so), and hold that forward until
+    ``until()`` holds (an update or abort from another thread is on its way): so that it lands while
+    answers are still being sampled, however slow that thread is."""
     inner = model.forward
     calls = [0]
 
@@ -76,10 +72,15 @@ def _slow_down(model, started: threading.Event, after: int = 3, delay: float = 0
         calls[0] += 1
         if calls[0] >= after:
             started.set()
+            deadline = time.monotonic() + 60
+            while calls[0] == after and not until():
+                assert time.monotonic() < deadline, "no update or abort came"
+                time.sleep(0.001)
             time.sleep(delay)
         return inner(*args, **kwargs)
 
     model.forward = forward
+    return calls
 
 
 def test_update_from_another_thread_interrupts_and_continues(tok):
@@ -87,7 +88,7 @@ def test_update_from_another_thread_interrupts_and_continues(tok):
     copy = rollout_copy(old)
     engine = HFEngine(copy, tok, device=CPU, interruptible=True)
     started = threading.Event()
-    _slow_down(copy, started)
+    _slow_down(copy, started, engine.gate.pending)
     prompts = _prompts(tok)
     out = {}
     g = GenerationHyperparameters(max_new_tokens=30, temperature=1.0)
@@ -111,15 +112,16 @@ def test_without_interruption_the_update_waits_for_the_call(tok):
     copy = rollout_copy(old)
     engine = HFEngine(copy, tok, device=CPU, interruptible=False, stoppable=True)
     started = threading.Event()
-    _slow_down(copy, started)
+    calls = _slow_down(copy, started, lambda: engine.gate._updating)  # held until the update waits
     out = {}
     g = GenerationHyperparameters(max_new_tokens=20, min_new_tokens=20, temperature=1.0)
     th = threading.Thread(target=lambda: out.setdefault("gens", engine.generate(_prompts(tok, 2), g)), daemon=True)
     th.start()
     assert started.wait(30)
     engine.update_weights(new, 1)
-    assert "gens" in out  # it waited for the generation to finish
+    forwards = calls[0]
     th.join(60)
+    assert forwards == calls[0] >= 20  # it waited for the generation to finish: no forward came after it
     assert all(set(gen.versions) == {0} for gen in out["gens"])
     assert engine.version == 1 and engine.interruptions == 0
 
@@ -129,7 +131,7 @@ def test_abort_stops_the_generation(tok):
     copy = rollout_copy(old)
     engine = HFEngine(copy, tok, device=CPU, stoppable=True)
     started = threading.Event()
-    _slow_down(copy, started)
+    _slow_down(copy, started, lambda: engine.gate.aborted)
     errors = []
 
     def run():

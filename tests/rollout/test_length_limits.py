@@ -13,7 +13,7 @@ import torch
 
 from areal_trainer.config.sampling import GenerationHyperparameters
 from areal_trainer.errors import UserError
-from areal_trainer.model.builtin import build_model, build_tokenizer
+from areal_trainer.model.builtin import build_model
 from areal_trainer.rollout.engine import HFEngine
 from areal_trainer.rollout.limits import capped, new_token_caps, positions_of
 from areal_trainer.rollout.multiturn import MultiTurnWorkflow
@@ -25,11 +25,6 @@ from tests.groups import reward_service
 
 CPU = torch.device("cpu")
 SENTENCE = "Tom has 3 apples."
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return build_tokenizer()
 
 
 @pytest.fixture(scope="module")

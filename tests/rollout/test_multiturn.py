@@ -22,11 +22,6 @@ WRONG, RIGHT = "3 - 4 = 1\n#### 1", "3 + 4 = 7\n#### 7"
 VERSION = 3
 
 
-@pytest.fixture(scope="module")
-def tok():
-    return build_tokenizer()
-
-
 class ScriptedEngine:
     """Call ``k`` answers its ``j``-th prompt with ``script[k][j]`` (or ``script[k]`` for all), then the
     stop token unless call ``k`` is listed in ``truncated``. Logprob of token ``i`` of call ``k``:

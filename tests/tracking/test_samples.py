@@ -11,7 +11,6 @@ import torch
 from areal_trainer.advantage.align import aligned_mask
 from areal_trainer.components import load_config
 from areal_trainer.config.schema import StatsLoggerConfig
-from areal_trainer.model.builtin import build_tokenizer
 from areal_trainer.rollout.batch import concat_groups, make_row, stack_rows
 from areal_trainer.rollout.types import Segment, TrajectoryGroup
 from areal_trainer.tracking.logger import StatsLogger
@@ -31,11 +30,6 @@ FIELDS = {"step", "prompt_id", "group", "index", "versions", "prompt", "completi
 Q = "Tom has 2 apples. How many apples does Tom have?"
 Q2 = "Tom had 5 books and lost 2 of them. How many books are left?"
 A = "1 + 1 = 2\n#### 2"
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return build_tokenizer()
 
 
 def ids(tok, text: str) -> list[int]:

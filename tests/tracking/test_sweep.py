@@ -6,19 +6,22 @@ import os
 from areal_trainer.tracking.sweep import collect, summarize
 
 
-def _run(root, name, algo, seed, rewards, sampled=None, acc=(0.2, 0.5)):
+def _write_run(root, name, config: str, records: list[dict]) -> None:
+    """A run directory of a sweep: its recorded configuration (YAML) and its metrics records."""
     d = os.path.join(root, name)
     os.makedirs(os.path.join(d, ".hydra"))
     with open(os.path.join(d, ".hydra", "config.yaml"), "w") as f:
-        f.write(f"algorithm: {algo}\nseed: {seed}\n")
+        f.write(config)
     with open(os.path.join(d, "metrics.jsonl"), "w") as f:
-        f.write(json.dumps({"step": 0, "eval/accuracy": acc[0]}) + "\n")
-        for i, r in enumerate(rewards, 1):
-            rec = {"step": i, "reward/task": r, "time/step": 1.0}
-            if sampled is not None:
-                rec["reward/sampled"] = sampled[i - 1]
-            f.write(json.dumps(rec) + "\n")
-        f.write(json.dumps({"step": len(rewards), "eval/accuracy": acc[1]}) + "\n")
+        f.writelines(json.dumps(r) + "\n" for r in records)
+
+
+def _run(root, name, algo, seed, rewards, sampled=None, acc=(0.2, 0.5)):
+    steps = [{"step": i, "reward/task": r, "time/step": 1.0} for i, r in enumerate(rewards, 1)]
+    for rec, value in zip(steps, sampled or ()):
+        rec["reward/sampled"] = value
+    _write_run(root, name, f"algorithm: {algo}\nseed: {seed}\n",
+               [{"step": 0, "eval/accuracy": acc[0]}, *steps, {"step": len(rewards), "eval/accuracy": acc[1]}])
 
 
 def test_jobs_in_hydra_order_and_sampled_reward_preferred(tmp_path):
@@ -35,16 +38,11 @@ def test_jobs_in_hydra_order_and_sampled_reward_preferred(tmp_path):
 
 def test_off_policy_runs_are_labelled_and_get_their_own_table(tmp_path):
     for eta, stale in ((0, 0.0), (2, 1.5)):
-        d = os.path.join(tmp_path, f"{eta}-naive")
-        os.makedirs(os.path.join(d, ".hydra"))
-        with open(os.path.join(d, ".hydra", "config.yaml"), "w") as f:
-            f.write(f"algorithm: naive\nseed: 1\nrollout:\n  max_head_offpolicyness: {eta}\n  dtype: bfloat16\n")
-        with open(os.path.join(d, "metrics.jsonl"), "w") as f:
-            f.write(json.dumps({"step": 0, "eval/accuracy": 0.2}) + "\n")
-            for i in (1, 2):
-                f.write(json.dumps({"step": i, "reward/task": 0.5, "actor/staleness": stale, "actor/staleness/max": 2 * stale,
-                                    "actor/clip_frac": 0.1 * i, "mismatch/abs_logp_diff": 0.01}) + "\n")
-            f.write(json.dumps({"step": 2, "eval/accuracy": 0.4}) + "\n")
+        steps = [{"step": i, "reward/task": 0.5, "actor/staleness": stale, "actor/staleness/max": 2 * stale,
+                  "actor/clip_frac": 0.1 * i, "mismatch/abs_logp_diff": 0.01} for i in (1, 2)]
+        _write_run(tmp_path, f"{eta}-naive",
+                   f"algorithm: naive\nseed: 1\nrollout:\n  max_head_offpolicyness: {eta}\n  dtype: bfloat16\n",
+                   [{"step": 0, "eval/accuracy": 0.2}, *steps, {"step": 2, "eval/accuracy": 0.4}])
     md, _ = summarize(str(tmp_path))
     assert "| naive bfloat16 | 1 |" in md and "| naive η=2 bfloat16 | 1 |" in md
     assert "| naive η=2 bfloat16 | 1.5 | 3 | 0.15 | 0.01 | - | - |" in md
@@ -55,15 +53,11 @@ def test_offpolicy_grid_has_a_cell_per_correction_and_eta_and_says_when_seeds_ar
 
     for corr, eta, seed, acc in (("naive", 0, 1, 0.4), ("naive", 0, 2, 0.6), ("naive", 2, 1, 0.5), ("naive", 2, 2, 0.7),
                                  ("icepop", 2, 1, 0.45)):
-        d = os.path.join(tmp_path, f"{corr}-{eta}-{seed}")
-        os.makedirs(os.path.join(d, ".hydra"))
-        with open(os.path.join(d, ".hydra", "config.yaml"), "w") as f:
-            f.write(f"algorithm: {corr}\nseed: {seed}\nrollout:\n  max_head_offpolicyness: {eta}\n")
-        with open(os.path.join(d, "metrics.jsonl"), "w") as f:
-            f.write(json.dumps({"step": 0, "eval/accuracy": 0.2}) + "\n")
-            f.write(json.dumps({"step": 1, "reward/task": 0.5, "actor/staleness": eta / 2,
-                                "actor/rejection/masked_frac": 0.01 * eta}) + "\n")
-            f.write(json.dumps({"step": 1, "eval/accuracy": acc}) + "\n")
+        _write_run(tmp_path, f"{corr}-{eta}-{seed}",
+                   f"algorithm: {corr}\nseed: {seed}\nrollout:\n  max_head_offpolicyness: {eta}\n",
+                   [{"step": 0, "eval/accuracy": 0.2},
+                    {"step": 1, "reward/task": 0.5, "actor/staleness": eta / 2, "actor/rejection/masked_frac": 0.01 * eta},
+                    {"step": 1, "eval/accuracy": acc}])
     md = grid(collect(str(tmp_path)))
     assert "| correction | η=0 | η=2 |" in md
     assert "| naive | 50.0% (+30.0) | 60.0% (+40.0) |" in md  # the mean of two seeds
@@ -72,14 +66,9 @@ def test_offpolicy_grid_has_a_cell_per_correction_and_eta_and_says_when_seeds_ar
 
 
 def _reward_only_run(root, name, algo, seed, held_out):
-    d = os.path.join(root, name)
-    os.makedirs(os.path.join(d, ".hydra"))
-    with open(os.path.join(d, ".hydra", "config.yaml"), "w") as f:
-        f.write(f"algorithm: {algo}\nseed: {seed}\n")
-    with open(os.path.join(d, "metrics.jsonl"), "w") as f:
-        f.write(json.dumps({"step": 0, "eval/reward": held_out[0]}) + "\n")
-        f.write(json.dumps({"step": 1, "reward/task": 0.5, "time/step": 2.0}) + "\n")
-        f.write(json.dumps({"step": 1, "eval/reward": held_out[1]}) + "\n")
+    _write_run(root, name, f"algorithm: {algo}\nseed: {seed}\n",
+               [{"step": 0, "eval/reward": held_out[0]}, {"step": 1, "reward/task": 0.5, "time/step": 2.0},
+                {"step": 1, "eval/reward": held_out[1]}])
 
 
 def test_runs_without_a_verifier_report_their_mean_held_out_reward_never_an_accuracy(tmp_path):

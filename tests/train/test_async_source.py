@@ -10,7 +10,6 @@ import threading
 import time
 
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -149,7 +148,10 @@ def test_state_requeues_what_was_handed_out_but_not_trained():
     src = source(2, 2, rng=rng)
     src.start()
     trained = [i for v in range(3) for i in (src.next_batch(v).prompt_ids, src.update_weights(None, v + 1))[0]]
-    time.sleep(0.2)  # let the rollout thread run ahead
+    deadline = time.monotonic() + 60
+    while len(src.state_dict()["loader"]["requeue"]) < 2:  # the thread has run a batch ahead of the trainer
+        assert time.monotonic() < deadline, "the rollout thread did not run ahead"
+        time.sleep(0.01)
     state = src.state_dict()["loader"]
     src.close()
     assert state["requeue"], "the thread had groups ahead of the trainer"
@@ -217,4 +219,4 @@ def test_overlap_and_idle_metrics_are_fractions():
         for k in ("rollout/overlap_frac", "rollout/trainer_idle_frac", "rollout/generator_idle_frac"):
             assert 0.0 <= m[k] <= 1.0
         assert m["rollout/overlap_frac"] > 0  # the thread generated while the trainer 'trained'
-    assert torch.tensor([floats(b.metrics)["time/rollout_wait"] for _, b in batches]).min() >= 0
+    assert floats(batches[0][1].metrics)["time/rollout_wait"] > 0  # the first batch had to be generated first
