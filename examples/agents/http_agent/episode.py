@@ -1,20 +1,30 @@
-"""One episode of the HTTP agent example, in a process of its own: it knows nothing of the trainer.
+"""The HTTP agent example's episodes, in a process of their own that knows nothing of the trainer.
 
-It reads the dataset row as JSON on stdin and talks to the model with the ``openai`` package's
-blocking client, which takes the endpoint and the episode's key from ``OPENAI_BASE_URL`` and
-``OPENAI_API_KEY``. It asks the row's question; if the final number of the answer is wrong it says
-so and asks once more (at most ``MAX_CALLS`` calls). The last line it prints is the reward: 1.0 when
+Two ways to run it, the same episode logic in both: it asks the row's question; if the final number of
+the answer is wrong it says so and asks once more (at most ``MAX_CALLS`` calls); the reward is 1.0 when
 the final answer is right, else 0.0.
 
-    echo '{"messages": [...], "answer": "3 + 4 = 7\\n#### 7"}' | \\
-        OPENAI_BASE_URL=http://127.0.0.1:8000/v1 OPENAI_API_KEY=sk-... python -m examples.agents.http_agent.episode
+* ``python -m examples.agents.http_agent.episode``: one episode. The dataset row comes as JSON on stdin,
+  the endpoint and the episode's key from ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY`` (read by the
+  ``openai`` package's blocking client); the last line printed is the reward.
+
+      echo '{"messages": [...], "answer": "3 + 4 = 7\\n#### 7"}' | \\
+          OPENAI_BASE_URL=http://127.0.0.1:8000/v1 OPENAI_API_KEY=sk-... python -m examples.agents.http_agent.episode
+
+* ``python -m examples.agents.http_agent.episode --serve``: many episodes at once, for as long as stdin
+  is open. Each stdin line is a JSON request ``{"id", "base_url", "api_key", "row"}`` (an episode) or
+  ``{"cancel": id}``; each episode runs as an asyncio task with the ``openai`` package's async client and
+  its own key, and ends with one stdout line ``{"id", "reward"}`` or ``{"id", "error"}``. A cancelled
+  episode prints nothing. At the end of stdin the episodes still running are cancelled.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import sys
+import threading
 
 import openai
 
@@ -30,15 +40,34 @@ def final_number(text: str | None) -> str | None:
     return found[-1] if found else None
 
 
+def _target(data: dict) -> str | None:
+    return final_number(str(data["answer"]).split("####")[-1])
+
+
+def _retry(messages: list[dict], answer: str) -> list[dict]:
+    return [*messages, {"role": "assistant", "content": answer}, {"role": "user", "content": FEEDBACK}]
+
+
 def solve(data: dict, client: openai.OpenAI) -> float:
-    target = final_number(str(data["answer"]).split("####")[-1])
-    messages = list(data["messages"])
+    target, messages = _target(data), list(data["messages"])
     for _ in range(MAX_CALLS):
         r = client.chat.completions.create(model="policy", messages=messages)
         answer = r.choices[0].message.content or ""
         if target is not None and final_number(answer) == target:
             return 1.0
-        messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": FEEDBACK}]
+        messages = _retry(messages, answer)
+    return 0.0
+
+
+async def solve_async(data: dict, client: openai.AsyncOpenAI) -> float:
+    """:func:`solve` with the async client."""
+    target, messages = _target(data), list(data["messages"])
+    for _ in range(MAX_CALLS):
+        r = await client.chat.completions.create(model="policy", messages=messages)
+        answer = r.choices[0].message.content or ""
+        if target is not None and final_number(answer) == target:
+            return 1.0
+        messages = _retry(messages, answer)
     return 0.0
 
 
@@ -51,5 +80,71 @@ def main() -> None:
     print(reward, flush=True)
 
 
+class _Serving:
+    """The episodes of ``--serve``: one async client per endpoint, one task per episode."""
+
+    def __init__(self, out):
+        self.out = out
+        self.clients: dict[str, openai.AsyncOpenAI] = {}
+        self.tasks: dict[int, asyncio.Task] = {}
+
+    def client(self, base_url: str, api_key: str) -> openai.AsyncOpenAI:
+        # One connection pool per endpoint; each episode sends its own key (with_options shares the pool).
+        if base_url not in self.clients:
+            self.clients[base_url] = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+        return self.clients[base_url].with_options(api_key=api_key)
+
+    def handle(self, line: str) -> None:
+        msg = json.loads(line)
+        if "cancel" in msg:
+            task = self.tasks.get(msg["cancel"])
+            if task is not None:
+                task.cancel()
+            return
+        self.tasks[msg["id"]] = asyncio.ensure_future(self.episode(msg["id"], msg["base_url"], msg["api_key"], msg["row"]))
+
+    async def episode(self, n: int, base_url: str, api_key: str, row: dict) -> None:
+        try:
+            out = {"id": n, "reward": await solve_async(row, self.client(base_url, api_key))}
+        except asyncio.CancelledError:
+            return
+        except Exception as e:  # noqa: BLE001 - reported to the trainer as this episode's error
+            out = {"id": n, "error": f"{type(e).__name__}: {e}"}
+        finally:
+            self.tasks.pop(n, None)
+        self.out.write(json.dumps(out) + "\n")
+        self.out.flush()
+
+    async def close(self) -> None:
+        for task in list(self.tasks.values()):
+            task.cancel()
+        await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+        for client in self.clients.values():
+            await client.close()
+
+
+async def serve(stdin=None, stdout=None) -> None:
+    """Run the episodes that ``stdin`` asks for until it ends (see the module docstring)."""
+    stdin, stdout = stdin or sys.stdin, stdout or sys.stdout
+    loop, lines = asyncio.get_running_loop(), asyncio.Queue()
+
+    def read() -> None:  # a blocking read of stdin, off the event loop
+        for line in stdin:
+            loop.call_soon_threadsafe(lines.put_nowait, line)
+        loop.call_soon_threadsafe(lines.put_nowait, None)
+
+    threading.Thread(target=read, daemon=True).start()
+    serving = _Serving(stdout)
+    try:
+        while (line := await lines.get()) is not None:
+            if line.strip():
+                serving.handle(line)
+    finally:
+        await serving.close()
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:] == ["--serve"]:
+        asyncio.run(serve())
+    else:
+        main()
