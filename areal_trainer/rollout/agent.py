@@ -132,6 +132,7 @@ class AgentWorkflow:
         self.batch_calls = 0
         self._runner: asyncio.Runner | None = None
         self._warned_wait = False
+        self._warned_errors = False
 
     # -- one rollout call -------------------------------------------------------------------------
     def rollout(self, samples: list[dict], gconfig: Any) -> list[TrajectoryGroup]:
@@ -297,6 +298,12 @@ class AgentWorkflow:
             raise UserError(f"rollout.agent {self.agent.path}: {len(failed)} of {len(outcomes)} episodes raised "
                             f"(more than reward.max_error_fraction={self.max_error_fraction:g}); for example:\n"
                             f"{failed[0].error}")
+        if failed and not self._warned_errors:  # named once; agent/errors counts every later one
+            self._warned_errors = True
+            _warn(f"rollout.agent {self.agent.path}: {len(failed)} of {len(outcomes)} episodes raised in this "
+                  f"rollout (counted in agent/errors; their last call is trained with reward.error_value="
+                  f"{self.error_value:g}, the run stops above reward.max_error_fraction="
+                  f"{self.max_error_fraction:g}); the first:\n{failed[0].error}")
 
     def _rewards(self, o: _Outcome) -> list[float | None] | str:
         """Per-call rewards of an episode (None: not set), or why its result is unusable."""

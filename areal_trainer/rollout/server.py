@@ -53,6 +53,11 @@ logger = logging.getLogger(__name__)
 
 MODEL_ID = "policy"
 GRACE_S = 3  # how long stop() lets requests in flight finish
+KEEP_ALIVE_S = 600
+"""How long an idle connection stays open. A client reuses its pooled connections; one the server closes
+at the moment the client sends on it fails that request (a read error, ``openai.APIConnectionError``).
+With uvicorn's default of 5 s that race hit about one request in a few hundred whenever a rollout's
+calls paused for longer than that (a large generation batch, the update between steps)."""
 _ROUTES = "POST /v1/chat/completions, GET /v1/models and POST /v1/rl/set_reward (or /rl/set_reward)"
 
 
@@ -178,7 +183,7 @@ class EndpointServer:
         self._port = sock.getsockname()[1]
         config = uvicorn.Config(self.app, log_config=None, log_level="warning", access_log=False,
                                 lifespan="off", loop="asyncio", server_header=False,
-                                timeout_graceful_shutdown=GRACE_S)
+                                timeout_graceful_shutdown=GRACE_S, timeout_keep_alive=KEEP_ALIVE_S)
         self._server, self._failure = uvicorn.Server(config), None
         self._thread = threading.Thread(target=self._serve, args=(self._server, sock),
                                         name=f"areal-endpoint-{self._port}", daemon=True)

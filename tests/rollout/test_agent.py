@@ -198,11 +198,17 @@ async def hanging(data, *, client):
     return 1.0
 
 
-def test_an_agent_that_raises_scores_the_error_value_and_is_counted(tok):
+def test_an_agent_that_raises_scores_the_error_value_and_is_counted_and_named_once(tok, capsys):
     wf = _workflow(Scripted(tok, "7"), tok, "tests.rollout.test_agent.failing")
     groups = wf.rollout(_samples(3), GenerationHyperparameters(n_samples=1, max_new_tokens=4))
     assert [g["rewards"].tolist() for g in groups] == [[-1.0], [1.0], [1.0]]
     assert [g.stats["agent/errors"].value for g in groups] == [1, 0, 0]
+    err = capsys.readouterr().err
+    assert err.count("warning: rollout.agent tests.rollout.test_agent.failing: 1 of 3 episodes raised in this "
+                     "rollout (counted in agent/errors") == 1
+    assert "RuntimeError: the environment broke" in err and "reward.max_error_fraction=0.5" in err
+    wf.rollout(_samples(3), GenerationHyperparameters(n_samples=1, max_new_tokens=4))
+    assert "episodes raised" not in capsys.readouterr().err  # once per run; agent/errors counts the rest
 
 
 def test_too_many_failing_episodes_stop_the_run_naming_the_agent_and_an_example(tok):

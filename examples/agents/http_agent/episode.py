@@ -80,6 +80,15 @@ def main() -> None:
     print(reward, flush=True)
 
 
+def _describe(e: BaseException) -> str:
+    """``Type: message``, with the exceptions it was raised from (the transport's, under a connection error)."""
+    parts = []
+    while e is not None and len(parts) < 4:
+        parts.append(f"{type(e).__name__}: {e}")
+        e = e.__cause__ or e.__context__
+    return " <- ".join(parts)
+
+
 class _Serving:
     """The episodes of ``--serve``: one async client per endpoint, one task per episode."""
 
@@ -109,7 +118,7 @@ class _Serving:
         except asyncio.CancelledError:
             return
         except Exception as e:  # noqa: BLE001 - reported to the trainer as this episode's error
-            out = {"id": n, "error": f"{type(e).__name__}: {e}"}
+            out = {"id": n, "error": _describe(e)}
         finally:
             self.tasks.pop(n, None)
         self.out.write(json.dumps(out) + "\n")
