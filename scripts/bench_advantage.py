@@ -217,6 +217,11 @@ def stop_load(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
+def fast_and_loop(b: Bound, width: int, reps: int) -> tuple[tuple[float, object], tuple[float, object]]:
+    """Best time and result of the fast side (``reps`` runs) and of the loop (one run, three below S=8192)."""
+    return best_time(lambda: b.fast(b.inputs), reps), best_time(lambda: b.loop(b.inputs), 1 if width >= 8192 else 3)
+
+
 def quiet_phase(bound: dict, sizes: list[int], n_rows: int, reps: int) -> tuple[int, int]:
     """Print the quiet table; ``(targets held, targets judged)``."""
     meter = CpuShare()
@@ -225,8 +230,7 @@ def quiet_phase(bound: dict, sizes: list[int], n_rows: int, reps: int) -> tuple[
     for width in sizes:
         for case in CASES:
             b = bound[width, case]
-            t_fast, a = best_time(lambda: b.fast(b.inputs), reps)  # noqa: B023
-            t_loop, ref = best_time(lambda: b.loop(b.inputs), 1 if width >= 8192 else 3)  # noqa: B023
+            (t_fast, a), (t_loop, ref) = fast_and_loop(b, width, reps)
             scale = ref.advantages.abs().max().item()
             diff = (a.advantages - ref.advantages).abs().max().item() / max(scale, 1e-12)
             prev = PREVIOUS_MS.get(case) if (n_rows, width) == TARGET_SHAPE else None
@@ -258,8 +262,7 @@ def busy_phase(bound: dict, sizes: list[int], n_rows: int, reps: int) -> tuple[i
         for width in sizes:
             for case in CASES:
                 b = bound[width, case]
-                t_fast, _ = best_time(lambda: b.fast(b.inputs), reps)  # noqa: B023
-                t_loop, _ = best_time(lambda: b.loop(b.inputs), 1 if width >= 8192 else 3)  # noqa: B023
+                (t_fast, _), (t_loop, _) = fast_and_loop(b, width, reps)
                 t_dflt, _ = best_time(lambda: b.default_threads(b.inputs), reps)  # noqa: B023
                 ratio = t_loop / t_fast
                 if (n_rows, width) == TARGET_SHAPE:

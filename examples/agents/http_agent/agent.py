@@ -124,8 +124,9 @@ class EpisodeServer:
                                                   f"its stderr ends with:\n{tail}"))
         pending.clear()
 
-    def _send(self, msg: dict) -> None:
-        self._proc.stdin.write((json.dumps(msg, default=str) + "\n").encode())
+    @staticmethod
+    def _send(proc, msg: dict) -> None:
+        proc.stdin.write((json.dumps(msg, default=str) + "\n").encode())
 
     async def run(self, data, *, base_url, api_key) -> float:
         async with self._starting:  # episodes that arrive together share one new process
@@ -134,12 +135,12 @@ class EpisodeServer:
         proc, pending = self._proc, self._pending
         n, self._next = self._next, self._next + 1
         answer = pending[n] = asyncio.get_running_loop().create_future()
-        self._send({"id": n, "base_url": base_url, "api_key": api_key, "row": data})
+        self._send(proc, {"id": n, "base_url": base_url, "api_key": api_key, "row": data})
         try:
             msg = await answer
         except asyncio.CancelledError:
             if pending.pop(n, None) is not None and proc.returncode is None:
-                proc.stdin.write((json.dumps({"cancel": n}) + "\n").encode())
+                self._send(proc, {"cancel": n})
             raise
         if "error" in msg:
             raise RuntimeError(f"{EPISODE} --serve: the episode failed: {msg['error']}")
