@@ -85,8 +85,8 @@ def _train(cfg, components, run_dir: str, log, lock) -> float | None:
     from .tracking import record, runlog
     from .tracking.rundir import remove_if_unused
     from .train import checkpoint as ckpt
+    from .train.loop import Terminated, run
     from .train.resume import plan_resume
-    from .train.run import Terminated, run
 
     tcfg = components.config
     try:

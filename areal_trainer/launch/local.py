@@ -31,7 +31,7 @@ def run_local(cmd: list[str], *, nprocs: int, run_dir: str) -> None:
         raise UserError(f"rank {rank} of {nprocs} failed (exit code {failure.exitcode}); the other ranks were "
                         f"stopped. Its output: {_rank_log(log_dir, rank)}") from None
     except SignalException as e:  # the launcher stopped every rank; report it as the signal it was
-        from ..train.run import Terminated
+        from ..train.loop import Terminated
 
         if e.sigval == signal.SIGINT:
             raise KeyboardInterrupt from None

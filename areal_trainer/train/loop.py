@@ -7,13 +7,17 @@ record, and a kill between the two only repeats that step on resume.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import threading
 import time
 import warnings
 
 from tqdm.auto import tqdm
 
 from .. import faults, fsdp
+from ..components import Components
 from ..errors import UserError
 from ..metrics import Mean, floats
 from ..tracking import runlog
@@ -25,6 +29,7 @@ from ..tracking.samples import eval_example, step_samples
 from . import checkpoint as ckpt
 from .evaluate import evaluate, finish, reverse_kl, unscorable
 from .headline import headline, phase
+from .resume import ResumePlan, plan_resume
 from .run import Trainer, seed_everything
 
 
@@ -167,3 +172,42 @@ def summary(t: Trainer, last: dict[str, float]) -> dict[str, float]:
         print(line)
     print(f"run directory: {t.run_dir} (metrics: {log_path})")
     return out
+
+
+class Terminated(SystemExit):
+    """SIGTERM arrived: the run stops like after Ctrl-C (exit status 143)."""
+
+
+@contextlib.contextmanager
+def _sigterm_stops_cleanly():
+    """SIGTERM raises :class:`Terminated` in the main thread, so the rollout thread is stopped and the
+    files are closed on the way out (the newest complete checkpoint stays valid: checkpoints are
+    renamed into place only once complete)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise Terminated(128 + signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def run(components: Components, run_dir: str, resume: ResumePlan | None = None) -> dict[str, float]:
+    """Train according to ``components`` (``components.build``), writing into ``run_dir``; returns a summary.
+    ``resume``: where to resume from (``resume.plan_resume``; decided here when not given)."""
+    plan = resume if resume is not None else plan_resume(run_dir, components.config)
+    with _sigterm_stops_cleanly():
+        trainer = Trainer(components, run_dir, resume_from=plan.checkpoint)
+        try:
+            return train(trainer)
+        finally:
+            trainer.reward.close()
+            trainer.dist.shutdown()
+
+
+__all__ = ["Terminated", "run", "train"]

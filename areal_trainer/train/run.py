@@ -1,5 +1,5 @@
-"""A run: everything built from the components once (``Trainer``), then the loop (``loop.py``).
-``run(components, run_dir)`` is the whole job.
+"""A run's state: everything built from the components once (``Trainer``); the loop that drives it, and
+the whole job (``run(components, run_dir)``), live in ``loop.py``.
 
 The trainer owns the policy version: it is the step count (the number of optimizer updates the
 weights have seen), and it advances together with the LR schedule exactly once per step, also for a
@@ -18,10 +18,7 @@ before the policy's weights loaded).
 
 from __future__ import annotations
 
-import contextlib
 import random
-import signal
-import threading
 import time
 
 import numpy as np
@@ -42,7 +39,7 @@ from .critic_model import CriticModel
 from .models import build_critic, build_ref, check_critic_lora, ref_is_base
 from .policy_model import PolicyModel, ReferenceModel
 from .preflight import preflight
-from .resume import ResumePlan, plan_resume, settings_of
+from .resume import settings_of
 from .sft import warm_start
 from .sources import build_rollout, rollout_mode
 from .step import StepContext, StepResult, train_step
@@ -234,42 +231,4 @@ class Trainer:
                                     settings=settings_of(self.cfg))
 
 
-class Terminated(SystemExit):
-    """SIGTERM arrived: the run stops like after Ctrl-C (exit status 143)."""
-
-
-@contextlib.contextmanager
-def _sigterm_stops_cleanly():
-    """SIGTERM raises :class:`Terminated` in the main thread, so the rollout thread is stopped and the
-    files are closed on the way out (the newest complete checkpoint stays valid: checkpoints are
-    renamed into place only once complete)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum, frame):
-        raise Terminated(128 + signal.SIGTERM)
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def run(components: Components, run_dir: str, resume: ResumePlan | None = None) -> dict[str, float]:
-    """Train according to ``components`` (``components.build``), writing into ``run_dir``; returns a summary.
-    ``resume``: where to resume from (``resume.plan_resume``; decided here when not given)."""
-    from .loop import train
-
-    plan = resume if resume is not None else plan_resume(run_dir, components.config)
-    with _sigterm_stops_cleanly():
-        trainer = Trainer(components, run_dir, resume_from=plan.checkpoint)
-        try:
-            return train(trainer)
-        finally:
-            trainer.reward.close()
-            trainer.dist.shutdown()
-
-
-__all__ = ["Terminated", "Trainer", "run", "seed_everything"]
+__all__ = ["Trainer", "seed_everything"]
