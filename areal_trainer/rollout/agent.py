@@ -17,8 +17,9 @@ requests are sampled together (``batcher.py``). An episode that takes longer tha
 more than ``reward.max_error_fraction`` of a rollout call's episodes raised, the run stops with the
 agent's name and one example. Timeouts never stop the run.
 
-Rows. ``trajectory.py`` turns each episode's recorded calls into rows (``rollout.agent_export``) with
-discounted per-call rewards (``rollout.turn_discount``). A group carries its rows episode by episode
+Rows. ``episodes.py`` turns each prompt's episodes into its group, and ``trajectory.py`` each episode's
+recorded calls into rows (``rollout.agent_export``) with discounted per-call rewards
+(``rollout.turn_discount``). A group carries its rows episode by episode
 with each episode's row count and reward (``TrajectoryGroup.episode_rows``/``episode_rewards``), so
 group statistics (GRPO, Dr.GRPO, RLOO, ...) count episodes, not calls. An episode that made no call
 has no rows; a group none of whose episodes made a call gets one untrained row (its prompt).
@@ -34,21 +35,16 @@ import sys
 import threading
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from ..errors import UserError
-from ..metrics import Mean, Sum
-from ..model.chat import prompt_ids
+from ..metrics import Sum
 from .agent_client import AgentClient, EpisodeSession, SyncAgentClient
 from .agent_spec import AgentSpec
-from .batch import make_row, stack_rows
 from .batcher import GenerationBatcher
+from .episodes import EpisodeRows, Outcome
 from .tool_parsers import get_parser
-from .trajectory import EXPORTS, discounted_rewards, export_rows
-from .types import Segment, TrajectoryGroup
+from .types import TrajectoryGroup
 
 _UNSPELLABLE: set[str] = set()
 """Words already warned about as unknown to the tokenizer (once per process)."""
@@ -85,14 +81,6 @@ class DaemonExecutor(concurrent.futures.ThreadPoolExecutor):
         """Nothing to wait for: the threads are daemons, and a finished one has already ended."""
 
 
-@dataclass
-class _Outcome:
-    session: EpisodeSession
-    status: str  # ok | error | timeout
-    result: Any = None
-    error: str = ""
-
-
 class AgentWorkflow:
     """Runs ``rollout.agent`` on every episode of a rollout call (see the module docstring); a
     :class:`~areal_trainer.rollout.types.Workflow`.
@@ -118,21 +106,19 @@ class AgentWorkflow:
                  export: str = "individual", turn_discount: float = 1.0, tool_call_parser: str = "hermes",
                  max_concurrent: int | None = None, batching: str = "episodes", batch_wait: float | None = 30.0,
                  server=None):
-        if export not in EXPORTS:
-            raise UserError(f"rollout.agent_export: got {export!r}; must be one of {', '.join(EXPORTS)}.")
         if batching not in BATCHING:
             raise UserError(f"rollout.agent_batching: got {batching!r}; must be one of {', '.join(BATCHING)}.")
         self.engine, self.tokenizer, self.reward, self.agent = engine, tokenizer, reward, agent
-        self.timeout, self.export, self.turn_discount = timeout, export, float(turn_discount)
+        self.timeout = timeout
         self.parser = get_parser(tool_call_parser)
         self.max_concurrent, self.batching, self.batch_wait, self.server = max_concurrent, batching, batch_wait, server
         self.instance = agent.target(**agent.kwargs) if agent.is_class else None
-        self.error_value = float(getattr(reward, "error_value", 0.0))
-        self.max_error_fraction = float(getattr(reward, "max_error_fraction", 0.5))
+        self.rows = EpisodeRows(tokenizer=tokenizer, agent=agent.path, error_value=getattr(reward, "error_value", 0.0),
+                                max_error_fraction=getattr(reward, "max_error_fraction", 0.5),
+                                turn_discount=turn_discount, export=export)
         self.batch_calls = 0
         self._runner: asyncio.Runner | None = None
         self._warned_wait = False
-        self._warned_errors = False
 
     # -- one rollout call -------------------------------------------------------------------------
     def rollout(self, samples: list[dict], gconfig: Any) -> list[TrajectoryGroup]:
@@ -168,21 +154,21 @@ class AgentWorkflow:
             await batcher.close()
         self.batch_calls += batcher.calls
         self._notify(outcomes, batcher.forced)
-        self._check_errors(outcomes)
-        groups = [self._group(samples[i], outcomes[i * g:(i + 1) * g], batcher) for i in range(len(samples))]
+        self.rows.check_errors(outcomes)
+        groups = [self.rows.group(samples[i], outcomes[i * g:(i + 1) * g]) for i in range(len(samples))]
         if groups:  # a count of the whole rollout call: on its first group, so that the sum over groups is it
             groups[0].stats["agent/batch_wait_timeouts"] = Sum(float(batcher.forced))
         return groups
 
     async def _episode(self, index: int, sample: dict, batcher: GenerationBatcher, gconfig: Any,
-                       limit: asyncio.Semaphore, end: Callable[[], None]) -> _Outcome:
+                       limit: asyncio.Semaphore, end: Callable[[], None]) -> Outcome:
         async with limit:
             try:
                 return await self._run_episode(index, sample, batcher, gconfig)
             finally:
                 end()
 
-    async def _run_episode(self, index: int, sample: dict, batcher: GenerationBatcher, gconfig: Any) -> _Outcome:
+    async def _run_episode(self, index: int, sample: dict, batcher: GenerationBatcher, gconfig: Any) -> Outcome:
         session = EpisodeSession(episode=index, tokenizer=self.tokenizer, batcher=batcher, gconfig=gconfig,
                                  parser=self.parser)
         key = None
@@ -192,13 +178,13 @@ class AgentWorkflow:
                     if self.agent.style == "http":
                         key = self._open_key(session)
                     result = await self._call(session, self.data(sample), key)
-                    return _Outcome(session, "ok", result)
+                    return Outcome(session, "ok", result)
                 except Exception as e:  # noqa: BLE001 - the agent's error is contained and counted
                     if deadline.expired():
                         raise
-                    return _Outcome(session, "error", error=_describe(e))
+                    return Outcome(session, "error", error=_describe(e))
         except TimeoutError:
-            return _Outcome(session, "timeout", error=f"took longer than rollout.agent_timeout={self.timeout:g} s")
+            return Outcome(session, "timeout", error=f"took longer than rollout.agent_timeout={self.timeout:g} s")
         finally:
             session.closed = True
             if key is not None:
@@ -260,7 +246,7 @@ class AgentWorkflow:
         client = SyncAgentClient(session, asyncio.get_running_loop())
         return await asyncio.to_thread(run, data, client=client, **kwargs)
 
-    def _notify(self, outcomes: list[_Outcome], forced: int) -> None:
+    def _notify(self, outcomes: list[Outcome], forced: int) -> None:
         """Warn once about what the counters cannot say: words the tokenizer cannot spell, refused requests,
         generation calls that stopped waiting for the episodes."""
         if forced and not self._warned_wait:
@@ -291,89 +277,8 @@ class AgentWorkflow:
                           f"rollout (counted in agent/bad_requests; nothing of them is sampled or trained); the first: "
                           f"{refused}")
 
-    # -- outcomes as rows -------------------------------------------------------------------------
-    def _check_errors(self, outcomes: list[_Outcome]) -> None:
-        failed = [o for o in outcomes if o.status == "error"]
-        if len(failed) > self.max_error_fraction * len(outcomes):
-            raise UserError(f"rollout.agent {self.agent.path}: {len(failed)} of {len(outcomes)} episodes raised "
-                            f"(more than reward.max_error_fraction={self.max_error_fraction:g}); for example:\n"
-                            f"{failed[0].error}")
-        if failed and not self._warned_errors:  # named once; agent/errors counts every later one
-            self._warned_errors = True
-            _warn(f"rollout.agent {self.agent.path}: {len(failed)} of {len(outcomes)} episodes raised in this "
-                  f"rollout (counted in agent/errors; their last call is trained with reward.error_value="
-                  f"{self.error_value:g}, the run stops above reward.max_error_fraction="
-                  f"{self.max_error_fraction:g}); the first:\n{failed[0].error}")
-
-    def _rewards(self, o: _Outcome) -> list[float | None] | str:
-        """Per-call rewards of an episode (None: not set), or why its result is unusable."""
-        records = o.session.records
-        rewards = [r.reward for r in records]
-        if o.status != "ok":
-            rewards[-1] = self.error_value
-            return rewards
-        result = o.result
-        if isinstance(result, dict):
-            ids = {r.completion_id for r in records}
-            unknown = [k for k in result if k not in ids]
-            if unknown:
-                return f"returned rewards for unknown completion ids {unknown[:3]}"
-            for r in records:
-                if r.completion_id in result:
-                    r.reward = _number(result[r.completion_id])
-            rewards = [r.reward for r in records]
-            return rewards if all(x is None or x == x for x in rewards) else "returned a non-number reward"
-        value = _number(result)
-        if value is None or value != value:
-            return f"returned {result!r}; an agent returns a float reward or {{completion_id: reward}}"
-        rewards[-1] = value
-        return rewards
-
-    def _group(self, sample: dict, outcomes: list[_Outcome], batcher: GenerationBatcher) -> TrajectoryGroup:
-        rows, counts, episode_rewards, errors, stats = [], [], [], [], _stats(outcomes)
-        for o in outcomes:
-            if not o.session.records:
-                continue
-            rewards = self._rewards(o)
-            if isinstance(rewards, str):
-                errors.append(rewards)
-                rewards = [None] * (len(o.session.records) - 1) + [self.error_value]
-            returns = discounted_rewards(rewards, self.turn_discount)
-            exported, fallbacks = export_rows(o.session.records, returns, self.export)
-            stats["agent/concat_fallbacks"] = Sum(stats["agent/concat_fallbacks"].value + fallbacks)
-            rows += exported
-            counts.append(len(exported))
-            episode_rewards.append(returns[0])
-        stats["agent/bad_results"] = Sum(float(len(errors)))
-        stats["agent/errors"] = Sum(stats["agent/errors"].value + len(errors))
-        if errors and len(errors) > self.max_error_fraction * len(outcomes):
-            raise UserError(f"rollout.agent {self.agent.path}: {len(errors)} of {len(outcomes)} episodes {errors[0]}.")
-        if not rows:  # nothing was sampled: one untrained row keeps the prompt's place in the batch
-            tensors = stack_rows([make_row([Segment(prompt_ids(self.tokenizer, sample["messages"]))])])
-            tensors.update(rewards=torch.tensor([self.error_value]), is_truncated=torch.tensor([False]),
-                           num_turns=torch.zeros(1))
-            stats["agent/empty_groups"] = Sum(1.0)
-            return TrajectoryGroup(tensors, stats=stats)
-        tensors = stack_rows([make_row(r.segments) for r in rows])
-        tensors["rewards"] = torch.tensor([r.reward for r in rows], dtype=torch.float32)
-        tensors["is_truncated"] = torch.tensor([r.truncated for r in rows])
-        tensors["num_turns"] = torch.tensor([float(r.calls) for r in rows])
-        stats["agent/empty_groups"] = Sum(0.0)
-        stats["agent/episode_reward"] = Mean(sum(episode_rewards) / len(episode_rewards), len(episode_rewards))
-        return TrajectoryGroup(tensors, stats=stats, episode_rows=tuple(counts), episode_rewards=tuple(episode_rewards))
-
-
 def _warn(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr, flush=True)
-
-
-def _number(x: Any) -> float | None:
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        try:
-            return float(x.item()) if hasattr(x, "item") else None
-        except Exception:  # noqa: BLE001 - not a number
-            return None
-    return float(x)
 
 
 def _describe(e: BaseException) -> str:
@@ -384,21 +289,3 @@ def _describe(e: BaseException) -> str:
 
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _stats(outcomes: list[_Outcome]) -> dict[str, Sum]:
-    """The counters of a group's episodes (summed over groups and ranks)."""
-    c = [o.session.counters for o in outcomes]
-    return {
-        "agent/episodes": Sum(float(len(outcomes))),
-        "agent/errors": Sum(float(sum(o.status == "error" for o in outcomes))),
-        "agent/timeouts": Sum(float(sum(o.status == "timeout" for o in outcomes))),
-        "agent/calls": Sum(float(sum(x.calls for x in c))),
-        "agent/tool_calls": Sum(float(sum(x.tool_calls for x in c))),
-        "agent/tool_errors": Sum(float(sum(x.tool_errors for x in c))),
-        "agent/tool_parse_failures": Sum(float(sum(x.tool_parse_failures for x in c))),
-        "agent/length_refusals": Sum(float(sum(x.length_refusals for x in c))),
-        "agent/truncated": Sum(float(sum(x.truncated for x in c))),
-        "agent/bad_requests": Sum(float(sum(x.bad_requests for x in c))),
-        "agent/concat_fallbacks": Sum(0.0),
-    }
