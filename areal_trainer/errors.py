@@ -50,12 +50,22 @@ def one_of(key: str, value: Any, choices: Iterable[Any], fix: str = "") -> list[
     return [msg + (f" {fix}" if fix else "")]
 
 
+def closest(word: Any, candidates: Iterable[str]) -> str | None:
+    """The candidate closest to ``word`` (``word`` itself when it is one), or None when none is close: the one
+    measure of "close" behind every "did you mean" of the package."""
+    if not isinstance(word, str):
+        return None
+    candidates = list(candidates)
+    if word in candidates:
+        return word
+    close = difflib.get_close_matches(word, candidates, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
 def suggest(word: Any, candidates: Iterable[str]) -> str:
     """`` Did you mean 'x'?`` for the closest candidate, or an empty string."""
-    if not isinstance(word, str):
-        return ""
-    close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
-    return f" Did you mean {close[0]!r}?" if close else ""
+    close = closest(word, [c for c in candidates if c != word])
+    return f" Did you mean {close!r}?" if close else ""
 
 
 def is_number(x: Any) -> bool:

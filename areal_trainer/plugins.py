@@ -8,11 +8,12 @@ not fit its signature.
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
+
+from .errors import suggest
 
 
 class PluginError(ValueError):
@@ -42,8 +43,7 @@ def import_object(path: str, key: str) -> Any:
                           "(the error is inside that module; see the chained traceback).") from e
     if not hasattr(module, attr):
         public = [n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n))]
-        close = difflib.get_close_matches(attr, public, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else f" It offers: {', '.join(public[:12]) or 'nothing callable'}."
+        hint = suggest(attr, public) or f" It offers: {', '.join(public[:12]) or 'nothing callable'}."
         raise PluginError(f"{key}: module {module_name!r} has no attribute {attr!r}.{hint}")
     return getattr(module, attr)
 

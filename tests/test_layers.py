@@ -121,3 +121,9 @@ def test_no_import_cycle():
     for n in sorted(graph):
         if n not in state:
             visit(n, [n])
+
+
+def test_one_did_you_mean():
+    """Every suggestion for a misspelt name (keys, choices, plugin attributes) comes from ``errors.closest``."""
+    users = sorted(n for n, p in MODULES.items() if n != "errors" and "difflib" in open(p).read())
+    assert not users, f"{users} compute their own close matches; call errors.closest / errors.suggest"

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import difflib
 import functools
 import inspect
 import json
@@ -22,7 +21,7 @@ import typing
 from collections.abc import Iterator
 from typing import Any
 
-from ..errors import suggest
+from ..errors import closest, suggest
 from .schema import TrainerConfig
 
 
@@ -221,10 +220,10 @@ def _repaired(parts: list[str]) -> str | None:
         if here is None or here.section is None:
             return None
         names = [c.name for c in here.children]
-        close = [part] if part in names else difflib.get_close_matches(part, names, n=1, cutoff=0.6)
-        if not close:
+        close = closest(part, names)
+        if close is None:
             return None
-        fixed.append(close[0])
+        fixed.append(close)
     return _join(*fixed)
 
 
@@ -239,8 +238,8 @@ def suggest_key(dotted: str) -> str:
     if fixed:
         return f" Did you mean {fixed!r}?"
     last = {k.name for k in keys.values() if k.dotted}
-    close = difflib.get_close_matches(parts[-1], last, n=1, cutoff=0.6)
-    same = [k for k in keys if k and close and k.rsplit(".", 1)[-1] == close[0]]
+    close = closest(parts[-1], last)
+    same = [k for k in keys if k and close and k.rsplit(".", 1)[-1] == close]
     if same:
         return f" Did you mean {same[0]!r}?" + (f" (also: {', '.join(same[1:4])})" if same[1:] else "")
     return suggest(dotted, keys)
