@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from .errors import suggest
@@ -48,17 +48,22 @@ def import_object(path: str, key: str) -> Any:
     return getattr(module, attr)
 
 
-def resolve(path: str, key: str, kwargs: Mapping[str, Any] | None = None, n_positional: int = 1) -> Callable:
-    """Import a callable and check that ``kwargs`` and ``n_positional`` inputs fit its signature."""
+def resolve(path: str, key: str, kwargs: Mapping[str, Any] | None = None, n_positional: int = 1, *,
+            hidden: Collection[str] = (), kwargs_key: str | None = None) -> Callable:
+    """Import a callable and check that ``kwargs`` and ``n_positional`` inputs fit its signature
+    (``hidden``, ``kwargs_key``: as for :func:`check_signature`)."""
     obj = import_object(path, key)
     if not callable(obj):
         raise PluginError(f"{key}: {path!r} is a {type(obj).__name__}, not a callable.")
-    check_signature(obj, key, kwargs or {}, n_positional)
+    check_signature(obj, kwargs_key or key, kwargs or {}, n_positional, hidden=hidden)
     return obj
 
 
-def check_signature(fn: Callable, key: str, kwargs: Mapping[str, Any], n_positional: int = 1) -> None:
-    """Raise ``PluginError`` unless ``fn(*n_positional args, **kwargs)`` can bind."""
+def check_signature(fn: Callable, key: str, kwargs: Mapping[str, Any], n_positional: int = 1, *,
+                    hidden: Collection[str] = ()) -> None:
+    """Raise ``PluginError`` unless ``fn(*n_positional args, **kwargs)`` can bind. ``hidden``: keyword arguments
+    the trainer passes itself (a workflow's ``engine``, ...), left out of the message, which names the user's
+    kwargs, a close name for an unknown one, and the parameters the user can set."""
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
@@ -68,6 +73,10 @@ def check_signature(fn: Callable, key: str, kwargs: Mapping[str, Any], n_positio
     except TypeError as e:
         accepted = [n for n, p in sig.parameters.items()
                     if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)][n_positional:]
+        accepted = [n for n in accepted if n not in hidden]
+        given = {k: v for k, v in kwargs.items() if k not in hidden}
+        unknown = [k for k in given if k not in sig.parameters]
+        hint = suggest(unknown[0], accepted) if unknown else ""
         name = getattr(fn, "__qualname__", repr(fn))
-        raise PluginError(f"{key}: the kwargs {dict(kwargs)} do not fit {name}{sig}: {e}. "
+        raise PluginError(f"{key}: the kwargs {given} do not fit {name}{sig}: {e}.{hint} "
                           f"Accepted keyword arguments: {', '.join(accepted) or 'none'}.") from e

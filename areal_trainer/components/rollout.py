@@ -108,7 +108,7 @@ def _workflow(path: str, kwargs: dict, problems: list[str]) -> type | None:
     and offers ``rollout(samples, gconfig)`` (the ``Workflow`` protocol)."""
     try:
         cls = resolve(path, "rollout.workflow", {"engine": None, "tokenizer": None, "reward": None, **kwargs},
-                      n_positional=0)
+                      n_positional=0, hidden=("engine", "tokenizer", "reward"), kwargs_key="rollout.workflow_kwargs")
     except PluginError as e:
         problems.append(str(e))
         return None

@@ -47,5 +47,6 @@ def test_example_config_composes(tmp_path):
 
 def test_unknown_workflow_kwarg_fails_fast(tmp_path):
     proc = cli(["--config-name", "grpo", WORKFLOW, "+rollout.workflow_kwargs.max_turn=3"], cwd=tmp_path, check=False)
-    assert proc.returncode != 0 and "max_turn" in proc.stderr and "Accepted keyword arguments" in proc.stderr
-    assert "Traceback" not in proc.stderr
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "rollout.workflow_kwargs: the kwargs {'max_turn': 3} do not fit MultiTurnWorkflow" in proc.stderr
+    assert "Did you mean 'max_turns'? Accepted keyword arguments: max_turns, turn_discount, feedback." in proc.stderr
