@@ -39,6 +39,21 @@ class ConfigError(ValueError):
         super().__init__(f"{n} configuration problem{'s' if n != 1 else ''}:\n{lines}")
 
 
+def is_integer(value: Any) -> bool:
+    """An ``int`` that is not a ``bool`` (YAML's ``true`` is no count)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def integer_at_least(key: str, value: Any, low: int, *, nullable: bool = False, note: str = "") -> list[str]:
+    """A problem unless ``value`` is an integer >= ``low`` (or None, when ``nullable``): the one wording of a
+    count's bound. ``note``: what a value means, added in parentheses (e.g. ``0 writes no file``)."""
+    if (value is None and nullable) or (is_integer(value) and value >= low):
+        return []
+    kind = "" if low == 1 else "an integer "
+    return [f"{key}: got {value!r}; must be {kind}>= {low}{' or null' if nullable else ''}"
+            f"{f' ({note})' if note else ''}."]
+
+
 def one_of(key: str, value: Any, choices: Iterable[Any], fix: str = "") -> list[str]:
     """A problem if ``value`` is not among ``choices`` (with a did-you-mean for strings)."""
     choices = list(choices)

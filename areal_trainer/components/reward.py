@@ -12,7 +12,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import is_number
+from ..errors import integer_at_least, is_number
 from ..plugins import PluginError
 from ..reward.functions import RewardFunction
 from ..reward.remote import url_problems
@@ -94,9 +94,8 @@ def bind_reward(r, problems: list[str], *, light: bool = False) -> RewardSpec | 
                             "of reward.fn in order, then reward.model, then reward.url); give one weight per source.")
         problems += [f"reward.weights[{i}]: got {w!r}; must be a number." for i, w in enumerate(r.weights)
                      if not is_number(w)]
-    if r.workers is None or isinstance(r.workers, bool) or not isinstance(r.workers, int) or r.workers < 0:
-        problems.append(f"reward.workers: got {r.workers!r}; must be an integer >= 0 (0 runs the functions in the "
-                        "trainer's process, for debugging).")
+    problems += integer_at_least("reward.workers", r.workers, 0,
+                                 note="0 runs the functions in the trainer's process, for debugging")
     for name in ("timeout", "url_timeout"):
         value = getattr(r, name)
         if not is_number(value) or not value > 0:

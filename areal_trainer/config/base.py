@@ -9,9 +9,10 @@ reported together (``validate.validate``, called by ``components.build``).
 
 from __future__ import annotations
 
-from ..errors import ConfigError, is_number, one_of, suggest
+from ..errors import ConfigError, integer_at_least, is_integer, is_number, one_of, suggest
 
-__all__ = ["Checked", "ConfigError", "at_least_one", "fraction", "is_number", "one_of", "suggest"]
+__all__ = ["Checked", "ConfigError", "at_least_one", "fraction", "integer_at_least", "is_integer", "is_number", "one_of",
+           "suggest"]
 
 
 class Checked:
@@ -30,11 +31,7 @@ class Checked:
 
 def at_least_one(key: str, value, *, nullable: bool = False) -> list[str]:
     """A problem unless ``value`` is an integer >= 1 (or None, when ``nullable``)."""
-    if value is None and nullable:
-        return []
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        return [f"{key}: got {value!r}; must be >= 1{' or null' if nullable else ''}."]
-    return []
+    return integer_at_least(key, value, 1, nullable=nullable)
 
 
 def fraction(key: str, value) -> list[str]:

@@ -3,7 +3,7 @@
 
 from dataclasses import dataclass, field
 
-from .base import Checked, one_of
+from .base import Checked, integer_at_least, one_of
 
 
 @dataclass
@@ -105,10 +105,7 @@ class StatsLoggerConfig(Checked):
     row's loss tokens), the answer length and the policy versions of the sampled tokens."""
 
     def check(self, key: str) -> list[str]:
-        v = self.samples_per_step
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            return [f"{key}.samples_per_step: got {v!r}; must be an integer >= 0 (0 writes no samples.jsonl)."]
-        return []
+        return integer_at_least(f"{key}.samples_per_step", self.samples_per_step, 0, note="0 writes no samples.jsonl")
 
 
 @dataclass

@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional
 from ..advantage.settings import Norm
 from ..dtypes import DTYPE_NAMES
 from . import maths
-from .base import Checked, at_least_one, fraction, is_number, one_of
+from .base import Checked, at_least_one, fraction, is_integer, is_number, one_of
 
 # The maths' names are spelled in ``config/maths.py``;
 # these belong to the training infrastructure (train/optim.py, model/load.py) and live here.
@@ -40,7 +40,7 @@ class NormConfig(Norm, Checked):
         levels = maths.NORM_LEVELS
         p = one_of(f"{key}.mean_level", self.mean_level, levels)
         p += one_of(f"{key}.std_level", self.std_level, levels)
-        if self.uses_group_statistics and (not isinstance(self.group_size, int) or self.group_size < 1):
+        if self.uses_group_statistics and not (is_integer(self.group_size) and self.group_size >= 1):
             p.append(f"{key}.group_size: got {self.group_size!r}; group normalisation needs a positive "
                      f"integer (usually ${{gconfig.n_samples}}).")
         if not is_number(self.eps) or self.eps < 0 or not math.isfinite(self.eps):

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..dtypes import DTYPE_NAMES
-from .base import Checked, at_least_one, fraction, is_number, one_of
+from .base import Checked, at_least_one, fraction, integer_at_least, is_number, one_of
 
 DEFAULT_WORKFLOW = "areal_trainer.rollout.workflow.RLVRWorkflow"
 
@@ -192,6 +192,5 @@ class RewardConfig(Checked):
         p = fraction(f"{key}.max_error_fraction", self.max_error_fraction)
         p += at_least_one(f"{key}.url_max_concurrent", self.url_max_concurrent)
         p += at_least_one(f"{key}.url_batch_size", self.url_batch_size)
-        if isinstance(self.url_retries, bool) or not isinstance(self.url_retries, int) or self.url_retries < 0:
-            p.append(f"{key}.url_retries: got {self.url_retries!r}; must be an integer >= 0.")
+        p += integer_at_least(f"{key}.url_retries", self.url_retries, 0)
         return p

@@ -51,7 +51,7 @@ from typing import Any
 
 import torch
 
-from ..errors import UserError
+from ..errors import UserError, integer_at_least
 from ..metrics import reduce
 from ..model.chat import prompt_ids
 from .batch import make_row, stack_rows
@@ -106,8 +106,9 @@ class MultiTurnWorkflow:
 
     def __init__(self, *, engine, tokenizer, reward, max_turns: int = 2, turn_discount: float = 0.9,
                  feedback: str = DEFAULT_FEEDBACK):
-        if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
-            raise UserError(f"rollout.workflow_kwargs.max_turns: got {max_turns!r}; must be an integer >= 1.")
+        bad = integer_at_least("rollout.workflow_kwargs.max_turns", max_turns, 1)
+        if bad:
+            raise UserError(bad[0])
         if (isinstance(turn_discount, bool) or not isinstance(turn_discount, (int, float))
                 or not math.isfinite(turn_discount) or not 0 < turn_discount <= 1):
             raise UserError(f"rollout.workflow_kwargs.turn_discount: got {turn_discount!r}; must be a number in (0, 1].")
