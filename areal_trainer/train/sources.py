@@ -7,7 +7,7 @@
 * ``> 0`` with ``offpolicy_mode=lagged``: :class:`~areal_trainer.train.lagged.LaggedSource`,
   seeded lagging snapshots, no concurrency.
 
-Every source offers ``next_batch(version) -> Batch``, ``update_weights(model, version)`` (the
+Every source is a :class:`RolloutSource`: ``next_batch(version) -> Batch``, ``update_weights(model, version)`` (the
 trainer's new weights, after each step), ``state_dict()`` / ``load_state_dict()`` (for checkpoints),
 ``start()`` and ``close()``; ``load_state_dict(state, version)`` resumes at a policy version. Evaluation never goes through the training rollout: it runs the
 workflow on the trainer's own weights (see :func:`build_rollout`), so it neither trains on nor
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -30,6 +30,29 @@ from ..rollout.staleness import StalenessManager
 from .async_rollout import AsyncSource
 from .collect import Batch, collect_groups
 from .lagged import LaggedSource
+
+
+@runtime_checkable
+class RolloutSource(Protocol):
+    """What the trainer asks of a rollout source (:class:`SyncSource`, ``AsyncSource``, ``LaggedSource``)."""
+
+    def start(self) -> None:
+        """Begin producing (a concurrent source starts its thread); called once, before the first batch."""
+
+    def next_batch(self, version: int) -> Batch:
+        """The groups to train the step that produces policy ``version + 1`` on."""
+
+    def update_weights(self, model, version: int) -> None:
+        """The trainer's new weights, at policy ``version``, after each step."""
+
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps of the source (the loader's position, buffered groups)."""
+
+    def load_state_dict(self, state: dict, version: int) -> None:
+        """Resume from :meth:`state_dict` at policy ``version``."""
+
+    def close(self) -> None:
+        """Stop producing and release what the source holds; safe to call twice."""
 
 
 class SyncSource:
@@ -66,7 +89,7 @@ class Rollout:
     """The training rollout (``source`` and its ``engine``), the evaluation workflow, and whether the
     rollout samples from the trainer's own model object (``colocated``)."""
 
-    source: Any
+    source: RolloutSource
     engine: Any
     eval_workflow: Any
     colocated: bool

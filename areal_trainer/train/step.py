@@ -6,8 +6,9 @@ the loop around it (``loop.py``) advances the policy version, evaluates, logs an
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -19,28 +20,44 @@ from ..reward import is_correct
 from . import policies
 from .batch import CriticBatch, TrainBatch, UpdateBatch
 
+if TYPE_CHECKING:
+    from ..advantage.stages import AdvantageFn
+    from ..components.distill import DistillSpec
+    from ..config.actor import PPOActorConfig
+    from ..dist import DistContext
+    from ..loss.types import PolicyLossResult, PolicyPlan
+    from .critic_model import CriticModel
+    from .policy_model import PolicyModel, ReferenceModel
+    from .sources import RolloutSource
+    from .teacher import Teachers
+
 
 @dataclass
 class StepContext:
     """What a step works with, built once (``run.py``): the models, the rollout source, the bound advantage,
     loss and policy plan, the process group, and the few settings the step itself reads."""
 
-    policy: Any
-    reference: Any
-    critic: Any
-    source: Any
-    advantage: Any
-    loss: Any
-    plan: Any
-    dist: Any
+    policy: PolicyModel
+    reference: ReferenceModel | None
+    """The frozen reference policy, or None when no KL term or statistic needs it."""
+    critic: CriticModel | None
+    """The value model of PPO, or None for critic-free algorithms."""
+    source: RolloutSource
+    advantage: AdvantageFn
+    loss: Callable[..., PolicyLossResult]
+    """The bound policy loss (``components/loss.py``), the distillation term already in it."""
+    plan: PolicyPlan
+    dist: DistContext
     device: torch.device
-    actor_config: Any
+    actor_config: PPOActorConfig
+    """Handed to the advantage stages as ``AdvantageInputs.config`` (user stages read it); the step itself reads
+    no setting from it."""
     n_minibatches: int
     critic_minibatches: int
     max_staleness: int
-    teachers: Any = None
+    teachers: Teachers | None = None
     """The loaded teachers (``teacher.py``), or None without distillation."""
-    distill: Any = None
+    distill: DistillSpec | None = None
     """The bound ``teacher`` section (``components/distill.py``): the loss form and its weights."""
 
 
@@ -52,7 +69,8 @@ class StepResult:
     prompt_ids: list[int] = field(default_factory=list)
     all_skipped: bool = False
     batch: TrainBatch | None = None
-    advantages: Any = None
+    advantages: AdvantageResult | None = None
+    """The advantage stage's output for the batch trained on (None for a skipped step)."""
 
     @property
     def tokens(self) -> int:
