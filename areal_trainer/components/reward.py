@@ -12,12 +12,9 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import integer_at_least, is_number
 from ..plugins import PluginError
 from ..reward.functions import RewardFunction
 from ..reward.remote import url_problems
-
-STYLES = ("auto", "sample", "batched")
 
 
 @dataclass(frozen=True)
@@ -65,41 +62,22 @@ class RewardSpec:
 
 
 def bind_reward(r, problems: list[str], *, light: bool = False) -> RewardSpec | None:
-    """The reward ``r`` (the ``reward`` section) describes; every problem is appended to ``problems``.
+    """The reward ``r`` (the ``reward`` section) describes; every problem is appended to ``problems``. A section
+    whose values break its rules (``config/reward.py``, reported by the config's own check) is not bound.
     ``light``: without the check of ``reward.model.path``'s files, whose module (``reward/model.py``) imports
     torch and transformers."""
-    n = len(problems)
-    paths = [] if r.fn is None else [r.fn] if isinstance(r.fn, str) else list(r.fn)
-    if not all(isinstance(p, str) for p in paths):
-        problems.append(f"reward.fn: got {r.fn!r}; give an import path 'package.module.function', a list of them, "
-                        "or null (with reward.model.path or reward.url).")
+    if r.check("reward"):
         return None
-    if r.style not in STYLES:
-        problems.append(f"reward.style: got {r.style!r}; must be one of {', '.join(STYLES)}.")
+    n = len(problems)
+    paths = r.paths()
     functions = []
     for i, path in enumerate(paths):
         key = "reward.fn" if isinstance(r.fn, str) else f"reward.fn[{i}]"
         try:
             functions.append(RewardFunction.bind(path, kwargs=_kwargs_of(r, path, len(paths), problems), key=key,
-                                                 style=r.style if r.style in STYLES else "auto"))
+                                                 style=r.style))
         except PluginError as e:
             problems.append(str(e))
-    n_sources = len(paths) + bool(r.model.path) + bool(r.url)
-    if n_sources == 0:
-        problems.append("reward: no reward source: set reward.fn (a function), reward.model.path (a reward model) "
-                        "or reward.url (a scoring service).")
-    if r.weights is not None:
-        if len(r.weights) != n_sources:
-            problems.append(f"reward.weights: {len(r.weights)} weights for {n_sources} reward sources (the functions "
-                            "of reward.fn in order, then reward.model, then reward.url); give one weight per source.")
-        problems += [f"reward.weights[{i}]: got {w!r}; must be a number." for i, w in enumerate(r.weights)
-                     if not is_number(w)]
-    problems += integer_at_least("reward.workers", r.workers, 0,
-                                 note="0 runs the functions in the trainer's process, for debugging")
-    for name in ("timeout", "url_timeout"):
-        value = getattr(r, name)
-        if not is_number(value) or not value > 0:
-            problems.append(f"reward.{name}: got {value!r}; must be > 0 seconds.")
     if r.url is not None:
         problems += url_problems(r.url, "reward.url")
     if r.model.path and not light:

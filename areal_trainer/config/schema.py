@@ -14,7 +14,8 @@ from .base import Checked, at_least_one
 from .bookkeeping import EvaluatorConfig, RecoverConfig, SaverConfig, SFTWarmupConfig, StatsLoggerConfig
 from .data import DatasetConfig
 from .launch import ClusterConfig, ParallelConfig, SchedulerConfig
-from .rollout import RewardConfig, RolloutConfig
+from .reward import RewardConfig
+from .rollout import RolloutConfig
 from .sampling import GenerationHyperparameters
 from .teacher import TeacherConfig
 

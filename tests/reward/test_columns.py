@@ -90,3 +90,12 @@ def test_answer_key_solution_keeps_per_sample_functions_working(solution_rows):
     assert args[2] == s["answer"] and kwargs == {}
     takes = RewardFunction.bind(P + "takes_solution", kwargs={}, key="reward.fn")
     assert takes.sample_call(sample)[1] == {"solution": s["answer"]}
+
+
+def test_the_config_and_the_functions_know_the_same_styles():
+    """``reward.style`` is checked by the config (which may not import the reward layer) and implemented by
+    ``reward/functions.py``: the two tuples stay one list."""
+    from areal_trainer.config.reward import STYLES as CONFIG_STYLES
+    from areal_trainer.reward.functions import STYLES
+
+    assert CONFIG_STYLES == STYLES
