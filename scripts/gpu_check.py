@@ -76,7 +76,7 @@ def run_setting(args, eta: int, model_dir: str, n_params: int, tmp: str, shared:
     training and prefill, the default, or both off); its steady-state numbers."""
     from areal_trainer.components import load
     from areal_trainer.tracking.logger import read_metrics
-    from areal_trainer.train.run import run
+    from areal_trainer.train.loop import run
 
     components = load("grpo", [
         f"actor.path={model_dir}", f"total_train_steps={args.steps}", f"train_dataset.batch_size={args.prompts}",
