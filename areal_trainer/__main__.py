@@ -84,9 +84,9 @@ def _train(cfg, components, run_dir: str, log, lock) -> float | None:
     from .plugins import PluginError
     from .tracking import record, runlog
     from .tracking.rundir import remove_if_unused
-    from .train import checkpoint as ckpt
     from .train.loop import Terminated, run
-    from .train.resume import plan_resume
+    from .train.state import checkpoint as ckpt
+    from .train.state.resume import plan_resume
 
     tcfg = components.config
     try:

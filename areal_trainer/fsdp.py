@@ -10,11 +10,11 @@ agrees with the key; a launcher that asks for FSDP2 without it is an error). The
   SUM (divide factor 1), because the losses already carry the global normaliser: the summed
   gradient is the single-process gradient, as with ``DistContext.sync_gradients``.
 * the root unit (embeddings, final norm, tied head) keeps its weights gathered from its forward
-  until its backward. ``train/logprobs.py`` runs ``model.base_model`` and then reads the head
+  until its backward. ``train/models/logprobs.py`` runs ``model.base_model`` and then reads the head
   weight itself, so the backbone's forward is routed through the root's FSDP hooks
   (:func:`_route_backbone_through_root`).
 * training forwards and backwards are collectives, so every rank must run the same number of them
-  (``train/update.py`` pads with zero-weight micro-batches). Generation and the other no-grad
+  (``train/models/update.py`` pads with zero-weight micro-batches). Generation and the other no-grad
   forwards run inside :func:`gathered`, which unshards the whole model once and keeps it so: they
   then need no communication, and ranks may generate different numbers of tokens or batches.
 * checkpoints and weight pushes use the full (unsharded) state dict, so checkpoints stay plain
@@ -90,7 +90,7 @@ def _route_backbone_through_root(model: torch.nn.Module) -> None:
     """Make ``model.base_model(...)`` called on its own behave like a forward of the root unit.
 
     The policy's log-probabilities come from the backbone plus the head weight, read directly
-    (``train/logprobs.py``); the root's pre-forward hook must gather the embeddings and head first,
+    (``train/models/logprobs.py``); the root's pre-forward hook must gather the embeddings and head first,
     and its post-forward hook must register the backward that reduce-scatters their gradients. A
     backbone call from inside the root's own forward (``generate``) passes straight through.
     """

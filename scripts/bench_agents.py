@@ -95,8 +95,8 @@ def arith_samples(n: int) -> list[dict]:
 
 def rollout_call(engine, tok, samples, gconfig, *, calls: int, latency: float, max_concurrent: int | None):
     """Wall seconds of one ``AgentWorkflow.rollout`` call, and its engine calls."""
-    from areal_trainer.rollout.agent import AgentWorkflow
-    from areal_trainer.rollout.agent_spec import load_agent
+    from areal_trainer.rollout.agents.spec import load_agent
+    from areal_trainer.rollout.agents.workflow import AgentWorkflow
 
     spec = load_agent(AGENT, {"calls": calls, "latency": latency})
     reward = types.SimpleNamespace(error_value=0.0, max_error_fraction=0.0)  # any failed episode stops the run
@@ -115,7 +115,7 @@ def part_a(s: dict, args) -> float:
 
     from areal_trainer.config.schema import GenerationHyperparameters
     from areal_trainer.model.builtin import build_model, build_tokenizer
-    from areal_trainer.rollout.engine import HFEngine
+    from areal_trainer.rollout.engines.hf import HFEngine
 
     tok = build_tokenizer()
     model = build_model("builtin:tiny", tok, seed=0).eval()

@@ -5,7 +5,7 @@ Both variants start from the same hidden states ``h [N, H]`` (requires grad), he
 the (detached) entropy, and run forward + backward of ``sum(w * logp)`` with random per-token
 weights ``w`` (as a policy loss does):
 
-* ``chunked``: ``areal_trainer.train.logprobs.chunked_logprobs`` (``[chunk, V]`` buffers, logits
+* ``chunked``: ``areal_trainer.train.models.logprobs.chunked_logprobs`` (``[chunk, V]`` buffers, logits
   recomputed in backward);
 * ``full``: ``logits = h @ W.T; logp_all = log_softmax(logits.float() / T)``, gather, entropy
   from the full tensor (no grad), autograd backward.
@@ -33,7 +33,7 @@ import time
 
 import torch
 
-from areal_trainer.train.logprobs import chunked_logprobs, default_chunk_size
+from areal_trainer.train.models.logprobs import chunked_logprobs, default_chunk_size
 
 TEMPERATURE = 0.8
 

@@ -26,7 +26,7 @@ import torch
 
 from areal_trainer.model.builtin import build_model, build_tokenizer
 from areal_trainer.model.packing import default_pack_tokens, pack_layout
-from areal_trainer.train.logprobs import forward_logprobs
+from areal_trainer.train.models.logprobs import forward_logprobs
 
 TARGET = 1.5
 """Target speed-up of packed over padded micro-batches on a batch whose lengths spread over 10x."""

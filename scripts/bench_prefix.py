@@ -50,7 +50,7 @@ def workload_batch(name: str, tok, vocab: int):
     if name == "arith":
         from areal_trainer.components import load_config
         from areal_trainer.data.datasets import build_samples
-        from areal_trainer.rollout.workflow import prompt_ids
+        from areal_trainer.rollout.workflows.single_turn import prompt_ids
 
         dataset = load_config("grpo", ["train_dataset.max_rows=64"]).train_dataset
         for sample in build_samples(dataset, tok, "train_dataset")[:PROMPTS]:  # the trainer's prompts
@@ -92,7 +92,7 @@ def measure_forward(workload: str, model_path: str, shared: bool, reps: int) -> 
 
     from areal_trainer.model.load import load_causal_lm, load_tokenizer, resolve_device
     from areal_trainer.model.prefix import count_tree_tokens
-    from areal_trainer.train.logprobs import forward_logprobs
+    from areal_trainer.train.models.logprobs import forward_logprobs
 
     device = resolve_device("auto")
     tok = load_tokenizer(model_path if model_path.startswith("builtin:") else "builtin:tiny")

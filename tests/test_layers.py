@@ -6,7 +6,8 @@ Layers, bottom to top (docs/architecture.md): small utilities (``errors``, ``dty
 peers ``data``, ``reward``, ``rollout``, ``tracking``, which do not import each other; ``components``,
 which binds a configuration to everything below; ``train``, the only orchestrator; ``launch``; the entry
 point. A module may import from its own unit and from units below it. Imports inside functions count
-too (a lazy import is still a dependency).
+too (a lazy import is still a dependency). Inside ``rollout`` and ``train`` the subsystems (engines,
+workflows, agents) keep to their side too (``SUBSYSTEMS``).
 
 Below ``components`` nothing imports ``config``: those modules are handed what they need (values,
 bound settings, or a config section passed in), so a setting has one reader, the binding.
@@ -20,7 +21,7 @@ import os
 import pytest
 
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "areal_trainer")
-LAYERS = [("errors", "dtypes", "metrics", "faults"), ("plugins",), ("loss",), ("advantage",), ("config",), ("fsdp",), ("dist",),
+LAYERS = [("errors", "dtypes", "metrics", "faults", "moved"), ("plugins",), ("loss",), ("advantage",), ("config",), ("fsdp",), ("dist",),
           ("model",), ("data", "reward", "rollout", "tracking"), ("components",), ("train",), ("launch",),
           ("__main__", "__init__")]
 HANDED_CONFIG = {u for units in LAYERS[:LAYERS.index(("components",))] for u in units} - {"config"}
@@ -98,6 +99,41 @@ def test_the_maths_import_nothing_of_the_package_but_the_maths():
 def test_nothing_below_the_binding_imports_config(name):
     bad = sorted(t for t in imports(name, MODULES[name]) if unit(t) == "config")
     assert not bad, f"{name} imports {bad}: take the values (or the section) as arguments instead"
+
+
+SUBSYSTEMS = {
+    "rollout.engines": ("rollout.agents", "rollout.workflows"),
+    "rollout.workflows": ("rollout.agents",),
+    "rollout": ("rollout.engines", "rollout.agents", "rollout.workflows"),
+    "train": ("rollout.agents",),
+}
+"""Inside the layers: a subsystem (its modules) -> what it never imports. Engines sample and know nothing
+of who asks; workflows are written against an engine; agents run on both. ``rollout``'s own top-level
+modules (the shared types, batches, limits) import none of its subsystems. ``train`` never imports the
+agents (their endpoint, sessions, tools): it sees a workflow's rows only."""
+
+
+def _subsystem(name: str) -> str | None:
+    if name.startswith("train"):
+        return "train"
+    parts = name.split(".")
+    if parts[0] != "rollout":
+        return None
+    is_package = MODULES[name].endswith("__init__.py")
+    return ".".join(parts[:2]) if len(parts) > 2 or len(parts) == 2 and is_package else "rollout"
+
+
+@pytest.mark.parametrize("name", sorted(n for n in MODULES if _subsystem(n)))
+def test_subsystems_keep_to_their_side(name):
+    forbidden = SUBSYSTEMS.get(_subsystem(name), ())
+    bad = sorted(t for t in imports(name, MODULES[name]) if any(t == f or t.startswith(f + ".") for f in forbidden))
+    assert not bad, f"{name} imports {bad}; {_subsystem(name)} never imports {', '.join(forbidden)}"
+
+
+def test_the_subsystems_are_packages():
+    for sub in SUBSYSTEMS:
+        if sub.count("."):
+            assert sub in MODULES, f"{sub} is not a package (areal_trainer/{sub.replace('.', '/')}/__init__.py)"
 
 
 def test_no_import_cycle():

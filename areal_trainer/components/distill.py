@@ -4,7 +4,7 @@ with which weights, and the policy loss wrapped with the distillation term.
 ``bind_distill(cfg, problems)`` returns a :class:`DistillSpec` (None without a ``teacher`` section) and
 appends the rules that span sections to ``problems`` (the section's own rules are
 ``config/teacher.py``'s). Nothing loads here: the teachers' tokenizers are compared with the student's
-and their routes with the dataset when the run starts (``train/teacher.py``), before any weights load.
+and their routes with the dataset when the run starts (``train/models/teacher.py``), before any weights load.
 """
 
 from __future__ import annotations

@@ -10,9 +10,9 @@ from typing import Any
 
 from ..errors import one_of
 from ..plugins import PluginError, check_signature, resolve
-from ..rollout.agent_spec import load_agent
-from ..rollout.backends import ENGINES, EngineSpec
-from ..rollout.tool_parsers import get_parser
+from ..rollout.agents.spec import load_agent
+from ..rollout.agents.tool_parsers import get_parser
+from ..rollout.engines.backends import ENGINES, EngineSpec
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ def _own(path: Any) -> bool:
 
 
 def _agent(cfg, problems: list[str], light: bool = False) -> tuple[type | None, dict[str, Any]]:
-    """``rollout.agent`` as the agent workflow and its bound settings (``rollout/agent.py``; ``light``: only
+    """``rollout.agent`` as the agent workflow and its bound settings (``rollout/agents/workflow.py``; ``light``: only
     the checks, since that module imports torch)."""
     r = cfg.rollout
     n = len(problems)
@@ -94,7 +94,7 @@ def _agent(cfg, problems: list[str], light: bool = False) -> tuple[type | None, 
         problems.append(str(e))
     if len(problems) > n or light:
         return None, {}
-    from ..rollout.agent import AgentWorkflow
+    from ..rollout.agents.workflow import AgentWorkflow
 
     return AgentWorkflow, dict(agent=spec, timeout=r.agent_timeout, export=r.agent_export,
                                turn_discount=r.turn_discount, tool_call_parser=r.tool_call_parser,

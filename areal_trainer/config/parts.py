@@ -16,7 +16,7 @@ from . import maths
 from .base import Checked, at_least_one, fraction, is_integer, is_number, one_of
 
 # The maths' names are spelled in ``config/maths.py``;
-# these belong to the training infrastructure (train/optim.py, model/load.py) and live here.
+# these belong to the training infrastructure (train/models/optim.py, model/load.py) and live here.
 OPTIMIZERS = ("adam", "adamw", "sgd")
 LR_SCHEDULES = ("constant", "linear", "cosine")
 DTYPES = ("auto", *DTYPE_NAMES)

@@ -7,7 +7,7 @@ from typing import Any
 from ..dtypes import DTYPE_NAMES
 from .base import Checked, at_least_one, fraction, is_number, one_of
 
-DEFAULT_WORKFLOW = "areal_trainer.rollout.workflow.RLVRWorkflow"
+DEFAULT_WORKFLOW = "areal_trainer.rollout.workflows.single_turn.RLVRWorkflow"
 
 
 @dataclass
@@ -15,7 +15,7 @@ class RolloutConfig(Checked):
     """How trajectories are produced: the inference backend, the workflow, and group filtering."""
 
     backend: str = "hf"
-    """The inference engine (``rollout/backends.py``): ``hf`` (transformers generate, works everywhere) or
+    """The inference engine (``rollout/engines/backends.py``): ``hf`` (transformers generate, works everywhere) or
     ``vllm`` (optional extra; colocated engine)."""
     vllm_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments for ``vllm.LLM`` (e.g. ``gpu_memory_utilization``, ``enforce_eager``)."""
@@ -63,7 +63,7 @@ class RolloutConfig(Checked):
     agent: str | None = None
     """Import path of the agent run once per episode in place of a workflow: an async function
     ``run(data, *, client)`` or ``run(data, *, base_url, api_key)``, or a class with such a ``run`` method. It
-    returns the episode's reward, or ``{completion_id: reward}`` (``rollout/agent.py``, docs/agents.md)."""
+    returns the episode's reward, or ``{completion_id: reward}`` (``rollout/agents/workflow.py``, docs/agents.md)."""
     agent_kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of the agent class's constructor, or of every call of the agent function."""
     agent_timeout: float | None = None

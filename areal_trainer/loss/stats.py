@@ -1,6 +1,6 @@
 """How the loss's statistics combine over the micro-batches of a step (:func:`reduce_stats`): one table,
 the loss package's own naming convention (the trainer turns the result into metrics that carry the
-same reduction across processes, ``train/update.py``).
+same reduction across processes, ``train/models/update.py``).
 
 * keys ending in ``/min`` or ``/max``: minimum / maximum;
 * counts (keys ending in one of :data:`SUM_SUFFIXES`): sum;

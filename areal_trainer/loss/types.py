@@ -24,7 +24,7 @@ def _cut(t: torch.Tensor | None, idx, width: int | None) -> torch.Tensor | None:
 @dataclass(frozen=True)
 class TeacherLogprobs:
     """What the teachers said about the step's sampled tokens, ``[B, S]`` next-token aligned, 0 where not
-    trained (built by ``train/teacher.py``; ``loss/distill.py`` uses it).
+    trained (built by ``train/models/teacher.py``; ``loss/distill.py`` uses it).
 
     Attributes:
         logp: ``sum_j w_j log pi_Tj`` of the teachers a row is routed to (one teacher: its log-probs).

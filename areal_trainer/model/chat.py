@@ -3,6 +3,9 @@ opening, exactly as the engines receive them (the datasets count prompt lengths 
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 
 def prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
     """Token ids of a chat prompt, ending with the assistant turn's opening."""
@@ -34,3 +37,19 @@ def unknown_pieces(tokenizer, text: str) -> list[str]:
         else:
             spans.append([start, end])
     return [w for start, end in spans if (w := text[start:end].strip())]
+
+
+def template_message(m: dict[str, Any]) -> dict[str, Any]:
+    """A request message as chat templates expect it: tool-call arguments as objects, not JSON text."""
+    if not m.get("tool_calls"):
+        return m
+    calls = []
+    for c in m["tool_calls"]:
+        fn = dict(c.get("function", {}))
+        if isinstance(fn.get("arguments"), str):
+            try:
+                fn["arguments"] = json.loads(fn["arguments"] or "{}")
+            except json.JSONDecodeError:
+                pass  # rendered as the model wrote it
+        calls.append({**c, "function": fn})
+    return {**m, "tool_calls": calls}

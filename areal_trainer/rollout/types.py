@@ -37,7 +37,7 @@ class Generation:
 
 @runtime_checkable
 class InferenceEngine(Protocol):
-    """A rollout backend (``rollout/engine.py``: ``hf``; ``rollout/vllm_engine.py``: ``vllm``).
+    """A rollout backend (``rollout/engines/hf.py``: ``hf``; ``rollout/engines/vllm.py``: ``vllm``).
 
     ``generate`` may be called from a rollout thread while the trainer calls ``update_weights``
     from its own: an engine either makes them exclusive (``hf``: an update interrupts the running

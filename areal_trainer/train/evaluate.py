@@ -29,8 +29,8 @@ from ..metrics import Mean, Metric, Sum, reduce
 from ..model.prefix import group_prefix
 from ..reward import is_correct
 from .batch import TrainBatch
-from .collect import rollout_groups
-from .teacher import route_value
+from .models.teacher import route_value
+from .sources.collect import rollout_groups
 
 UNREAD = "eval/unread_verdicts"
 """Held-out values that cannot be read as verdicts (not 0 or 1 for a verifier chosen in auto, or missing

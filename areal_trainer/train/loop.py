@@ -26,11 +26,11 @@ from ..tracking.health import HealthMonitor
 from ..tracking.logger import NullLogger, StatsLogger, read_metrics
 from ..tracking.plot import plot_run
 from ..tracking.samples import eval_example, step_samples
-from . import checkpoint as ckpt
 from .evaluate import evaluate, finish, reverse_kl, unscorable
 from .headline import headline, phase
-from .resume import ResumePlan, plan_resume
 from .run import Trainer, seed_everything
+from .state import checkpoint as ckpt
+from .state.resume import ResumePlan, plan_resume
 
 
 def train(t: Trainer) -> dict[str, float]:

@@ -10,9 +10,9 @@ Before any weights load, the built samples are checked against the rest of the r
 reward functions' columns, what the warm start can imitate, the run's length, the tokenizer's unknown
 words). Models are built in an order the features need: the policy is loaded (``PolicyModel.load``); the
 supervised warm start trains its whole base; then the reference policy and critic are copied from it
-(``models.py``); then the policy's LoRA adapters are attached, shared-prefix training resolved and,
+(``models/build.py``); then the policy's LoRA adapters are attached, shared-prefix training resolved and,
 under FSDP2 (``parallel.fsdp``), the policy and critic sharded; then the optimizers are built; then the
-teachers of on-policy distillation are loaded (``teacher.py``; their tokenizers and routes were checked
+teachers of on-policy distillation are loaded (``models/teacher.py``; their tokenizers and routes were checked
 before the policy's weights loaded).
 """
 
@@ -34,16 +34,16 @@ from ..metrics import Mean, Sum, floats
 from ..model.limits import RowLimit
 from ..model.load import load_positions, load_tokenizer, resolve_device
 from ..model.prefix import resolve_tree_training
-from . import checkpoint as ckpt
-from .critic_model import CriticModel
-from .models import build_critic, build_ref, check_critic_lora, ref_is_base
-from .policy_model import PolicyModel, ReferenceModel
+from .models.build import build_critic, build_ref, check_critic_lora, ref_is_base
+from .models.critic import CriticModel
+from .models.policy import PolicyModel, ReferenceModel
+from .models.teacher import NoReward, Teachers, check_teachers
 from .preflight import preflight
-from .resume import settings_of
 from .sft import warm_start
-from .sources import build_rollout, rollout_mode
+from .sources.build import build_rollout, rollout_mode
+from .state import checkpoint as ckpt
+from .state.resume import settings_of
 from .step import StepContext, StepResult, train_step
-from .teacher import NoReward, Teachers, check_teachers
 
 
 def seed_everything(seed: int) -> None:

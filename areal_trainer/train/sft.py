@@ -39,9 +39,9 @@ from ..model.builtin import has_tools, is_builtin
 from ..model.chat import prompt_ids
 from ..rollout.batch import make_row, stack_rows
 from ..rollout.types import Segment
-from . import manifest
-from .logprobs import forward_logprobs
-from .optim import lr_factor
+from .models.logprobs import forward_logprobs
+from .models.optim import lr_factor
+from .state import manifest
 
 DEFAULT_SFT_STEPS = 300
 """Warm-start steps for built-in (randomly initialised) models when ``sft_warmup.steps`` is null."""
@@ -51,7 +51,7 @@ def conversation_segments(tokenizer, messages: list[dict], tools: list | None = 
     """A conversation as row segments: each assistant turn trained (its tokens through the first
     end-of-sequence token, or the whole turn when it has none), the other tokens not; nothing after the
     last assistant turn. The template must render every prefix of the conversation as a prefix of it."""
-    from ..rollout.agent_client import template_message  # tool-call arguments as the template expects them
+    from ..model.chat import template_message  # tool-call arguments as the template expects them
 
     messages = [template_message(dict(m)) for m in messages]
     kwargs = {"tools": tools} if tools else {}
@@ -219,7 +219,7 @@ def warmstart_key(parts: dict) -> str:
     so edits invalidate it."""
     from ..data import arith
     from ..model import builtin, packing
-    from . import logprobs
+    from .models import logprobs
 
     h = hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode())
     for path in (arith.__file__, builtin.__file__, builtin.VOCAB_FILE, logprobs.__file__, packing.__file__, __file__):

@@ -1,5 +1,5 @@
 """One RL step, top to bottom: rollout -> extra forwards -> advantage -> updates. Pure orchestration:
-the maths lives in ``advantage/`` and ``loss/``, the models in ``policy_model.py`` and ``critic_model.py``;
+the maths lives in ``advantage/`` and ``loss/``, the models in ``models/policy.py`` and ``models/critic.py``;
 the loop around it (``loop.py``) advances the policy version, evaluates, logs and saves.
 """
 
@@ -26,10 +26,10 @@ if TYPE_CHECKING:
     from ..config.actor import PPOActorConfig
     from ..dist import DistContext
     from ..loss.types import PolicyLossResult, PolicyPlan
-    from .critic_model import CriticModel
-    from .policy_model import PolicyModel, ReferenceModel
-    from .sources import RolloutSource
-    from .teacher import Teachers
+    from .models.critic import CriticModel
+    from .models.policy import PolicyModel, ReferenceModel
+    from .models.teacher import Teachers
+    from .sources.build import RolloutSource
 
 
 @dataclass
@@ -56,7 +56,7 @@ class StepContext:
     critic_minibatches: int
     max_staleness: int
     teachers: Teachers | None = None
-    """The loaded teachers (``teacher.py``), or None without distillation."""
+    """The loaded teachers (``models/teacher.py``), or None without distillation."""
     distill: DistillSpec | None = None
     """The bound ``teacher`` section (``components/distill.py``): the loss form and its weights."""
 

@@ -65,7 +65,7 @@ BROKEN_CALL = {"role": "assistant", "content": None, "tool_calls": [
 async def misbehaving(data, *, client):
     """Refused requests, each caught: a reward before the first call, tool-call arguments that are not JSON,
     then one good call (with a tool the tokenizer cannot spell), then a reward for an unknown completion id."""
-    from areal_trainer.rollout.openai_request import RequestError
+    from areal_trainer.rollout.agents.requests import RequestError
 
     refused = []
     for attempt in (lambda: client.set_reward(None, 1.0),

@@ -36,7 +36,7 @@ def test_every_plugin_is_resolved_exactly_once(imports):
     cfg = load_config("grpo", PLUGINS)
     imports.clear()
     built = build(cfg)
-    paths = [p for p in imports if not p.startswith("areal_trainer.rollout.workflow")]
+    paths = [p for p in imports if not p.startswith("areal_trainer.rollout.workflows.single_turn")]
     assert sorted(paths) == sorted({p for p in paths}), f"resolved more than once: {paths}"
     assert {"tests.plugins.digit_share_reward", "tests.plugins.every_other_group", "examples.custom_loss.spo.spo",
             "examples.custom_advantage.my_advantage.length_penalty",

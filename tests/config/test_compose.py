@@ -175,7 +175,7 @@ def test_bad_async_settings_are_reported_together_naming_each_key():
 
 
 def test_options_the_vllm_backend_cannot_honour_are_configuration_errors():
-    """The engine registry's capabilities decide, before anything loads (rollout/backends.py)."""
+    """The engine registry's capabilities decide, before anything loads (rollout/engines/backends.py)."""
     with pytest.raises(ConfigError, match="lagged_switch_prob > 0 needs a backend that can switch weights inside a "
                                           "generation call, which rollout.backend=vllm cannot. Use rollout.backend=hf"):
         load_config("grpo", ["rollout.backend=vllm", "rollout.max_head_offpolicyness=2",
@@ -215,13 +215,13 @@ def test_agent_problems_are_all_reported_before_anything_loads():
     text = "\n".join(_problems(["rollout.agent=tests.rollout.test_agent.no_client"]))
     assert "rollout.agent: 'tests.rollout.test_agent.no_client' takes (data); it must take data and either client" in text
     text = "\n".join(_problems(["rollout.agent=tests.agents.simple.try_again",
-                                "rollout.workflow=areal_trainer.rollout.multiturn.MultiTurnWorkflow"]))
+                                "rollout.workflow=areal_trainer.rollout.workflows.multi_turn.MultiTurnWorkflow"]))
     assert "rollout.agent='tests.agents.simple.try_again' and rollout.workflow=" in text and "set only one" in text
 
 
 def test_an_agent_binds_to_the_agent_workflow_with_its_settings():
     from areal_trainer.components import load
-    from areal_trainer.rollout.agent import AgentWorkflow
+    from areal_trainer.rollout.agents.workflow import AgentWorkflow
 
     built = load("grpo", ["rollout.agent=tests.agents.simple.SlowAgent", "+rollout.agent_kwargs.calls=3",
                           "rollout.agent_export=concat", "rollout.turn_discount=0.9", "rollout.agent_timeout=30"])

@@ -85,11 +85,11 @@ def test_an_agent_that_does_not_import_is_reported_without_importing_torch(tmp_p
 @pytest.mark.e2e  # the real command line, in a subprocess
 def test_the_checks_that_need_torch_run_once_the_light_ones_find_nothing(tmp_path):
     proc, loaded = _run(["--config-name", "grpo", "actor.eps_clip=-1", "actor.rejection_sampling.upper=0.5",
-                         "rollout.workflow=areal_trainer.rollout.workflow.NoSuchWorkflow"], tmp_path)
+                         "rollout.workflow=areal_trainer.rollout.workflows.single_turn.NoSuchWorkflow"], tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "Error: 3 configuration problems:" in proc.stderr
     for needle in ("actor.rejection_sampling.upper: got 0.5; upper must be > 1.0 for metric 'ratio'",
-                   "rollout.workflow: module 'areal_trainer.rollout.workflow' has no attribute 'NoSuchWorkflow'",
+                   "rollout.workflow: module 'areal_trainer.rollout.workflows.single_turn' has no attribute 'NoSuchWorkflow'",
                    "actor.eps_clip: got -1.0; must be >= 0."):
         assert f"  - {needle}" in proc.stderr, needle
     assert LATER_CHECKS not in proc.stderr  # this was the whole check
@@ -107,7 +107,7 @@ def test_printing_the_config_is_not_stopped_by_its_rules(tmp_path):
 
 def test_the_light_part_leaves_out_exactly_the_checks_that_need_torch():
     cfg = convert(compose_dict("grpo", ["++actor.eps_clip=-1", "++actor.rejection_sampling.upper=0.5",
-                                        "++rollout.workflow=areal_trainer.rollout.workflow.NoSuchWorkflow",
+                                        "++rollout.workflow=areal_trainer.rollout.workflows.single_turn.NoSuchWorkflow",
                                         "++reward.model.path=/no/such/reward_model", "++gconfig.n_samples=0"]))
     light, whole = problems_and_build(cfg, light=True)[0], problems_and_build(cfg)[0]
     assert "gconfig.n_samples: got 0; must be >= 1." in light

@@ -15,7 +15,7 @@ from areal_trainer.config.schema import DatasetConfig
 from areal_trainer.data.datasets import build_samples
 from areal_trainer.errors import UserError
 from areal_trainer.model.builtin import build_tokenizer
-from areal_trainer.rollout.workflow import prompt_ids
+from areal_trainer.rollout.workflows.single_turn import prompt_ids
 
 # The first two problems of each built-in split, as the earlier code rendered and tokenized them.
 FROZEN_BUILTIN = {

@@ -32,10 +32,10 @@ from areal_trainer.model.builtin import build_model, build_tokenizer
 from areal_trainer.rollout.batch import make_row, stack_rows
 from areal_trainer.rollout.types import Segment
 from areal_trainer.train.batch import TrainBatch, UpdateBatch
+from areal_trainer.train.models.policy import PolicyModel
+from areal_trainer.train.models.teacher import Teachers
+from areal_trainer.train.models.update import balanced_partition, micro_batches
 from areal_trainer.train.policies import for_loss, prepare
-from areal_trainer.train.policy_model import PolicyModel
-from areal_trainer.train.teacher import Teachers
-from areal_trainer.train.update import balanced_partition, micro_batches
 
 
 def global_groups():

@@ -14,11 +14,11 @@ import torch
 
 from areal_trainer.config.sampling import GenerationHyperparameters
 from areal_trainer.model.builtin import build_model, build_tokenizer
-from areal_trainer.rollout.agent_client import EpisodeSession
-from areal_trainer.rollout.batcher import GenerationBatcher
-from areal_trainer.rollout.engine import HFEngine
-from areal_trainer.rollout.server import EndpointServer, LoopHandler
-from areal_trainer.rollout.tool_parsers import get_parser
+from areal_trainer.rollout.agents.endpoint import EndpointServer, LoopHandler
+from areal_trainer.rollout.agents.session import EpisodeSession
+from areal_trainer.rollout.agents.tool_parsers import get_parser
+from areal_trainer.rollout.engines.batcher import GenerationBatcher
+from areal_trainer.rollout.engines.hf import HFEngine
 from examples.agents.http_agent import agent, episode
 
 from .helpers import HANG, cli, processes_left, processes_with

@@ -15,12 +15,12 @@ from areal_trainer.config.schema import GenerationHyperparameters
 from areal_trainer.data import arith
 from areal_trainer.errors import UserError
 from areal_trainer.model import builtin
+from areal_trainer.model.chat import template_message
 from areal_trainer.model.load import load_causal_lm, load_positions, load_tokenizer
-from areal_trainer.rollout.agent import AgentWorkflow
-from areal_trainer.rollout.agent_client import template_message
-from areal_trainer.rollout.agent_spec import load_agent
-from areal_trainer.rollout.tool_parsers import get_parser
-from areal_trainer.rollout.tools import tool_from_function
+from areal_trainer.rollout.agents.spec import load_agent
+from areal_trainer.rollout.agents.tool_parsers import get_parser
+from areal_trainer.rollout.agents.tools import tool_from_function
+from areal_trainer.rollout.agents.workflow import AgentWorkflow
 from areal_trainer.rollout.types import Generation
 from areal_trainer.train.sft import sft_batch, with_tool_demonstrations
 from examples.agents.calculator.agent import calc

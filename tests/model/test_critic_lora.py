@@ -13,8 +13,8 @@ from areal_trainer.loss import value_loss
 from areal_trainer.model import lora
 from areal_trainer.model.builtin import build_model, build_tokenizer
 from areal_trainer.model.critic import HEAD_FILE
-from areal_trainer.train.models import build_critic, check_critic_lora
-from areal_trainer.train.optim import build_optimizer
+from areal_trainer.train.models.build import build_critic, check_critic_lora
+from areal_trainer.train.models.optim import build_optimizer
 
 CPU = torch.device("cpu")
 

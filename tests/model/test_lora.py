@@ -13,10 +13,10 @@ from areal_trainer.config.actor import PPOActorConfig
 from areal_trainer.errors import UserError
 from areal_trainer.model import lora
 from areal_trainer.model.builtin import build_model, build_tokenizer
-from areal_trainer.rollout.vllm_engine import checkpoint_weights
-from areal_trainer.rollout.weights import copy_weights, rollout_copy
-from areal_trainer.train.logprobs import forward_logprobs
-from areal_trainer.train.optim import build_optimizer
+from areal_trainer.rollout.engines.vllm import checkpoint_weights
+from areal_trainer.rollout.engines.weights import copy_weights, rollout_copy
+from areal_trainer.train.models.logprobs import forward_logprobs
+from areal_trainer.train.models.optim import build_optimizer
 
 
 def _setup(**kw):

@@ -5,8 +5,8 @@ import torch
 
 from areal_trainer.config.schema import GenerationHyperparameters
 from areal_trainer.model.builtin import build_model, build_tokenizer
-from areal_trainer.rollout.engine import HFEngine
-from areal_trainer.train.logprobs import forward_logprobs
+from areal_trainer.rollout.engines.hf import HFEngine
+from areal_trainer.train.models.logprobs import forward_logprobs
 
 
 def _model():

@@ -11,7 +11,7 @@ from transformers.models.llama import modeling_llama
 from areal_trainer.model import packing
 from areal_trainer.model.builtin import build_model, build_tokenizer
 from areal_trainer.model.critic import ValueModel
-from areal_trainer.train.logprobs import chunked_logprobs, forward_logprobs
+from areal_trainer.train.models.logprobs import chunked_logprobs, forward_logprobs
 
 ATOL = 1e-5
 

@@ -15,8 +15,8 @@ from areal_trainer.errors import UserError
 from areal_trainer.model import prefix
 from areal_trainer.model.builtin import build_model, build_tokenizer
 from areal_trainer.model.critic import ValueModel
-from areal_trainer.train.logprobs import forward_logprobs
-from areal_trainer.train.update import micro_batches
+from areal_trainer.train.models.logprobs import forward_logprobs
+from areal_trainer.train.models.update import micro_batches
 
 RTOL = 1e-5
 

@@ -14,9 +14,9 @@ from areal_trainer.errors import UserError
 from areal_trainer.metrics import Sum
 from areal_trainer.model.builtin import build_model, build_tokenizer
 from areal_trainer.plugins import PluginError
-from areal_trainer.rollout.agent import AgentWorkflow
-from areal_trainer.rollout.agent_spec import load_agent
-from areal_trainer.rollout.engine import HFEngine
+from areal_trainer.rollout.agents.spec import load_agent
+from areal_trainer.rollout.agents.workflow import AgentWorkflow
+from areal_trainer.rollout.engines.hf import HFEngine
 from areal_trainer.rollout.types import Generation
 
 CPU = torch.device("cpu")

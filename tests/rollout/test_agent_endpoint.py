@@ -21,11 +21,11 @@ from transformers import PreTrainedTokenizerFast
 from areal_trainer.config.sampling import GenerationHyperparameters
 from areal_trainer.model.builtin import build_model
 from areal_trainer.model.chat import prompt_ids
-from areal_trainer.rollout.agent_client import EpisodeSession
-from areal_trainer.rollout.batcher import GenerationBatcher
-from areal_trainer.rollout.engine import HFEngine
-from areal_trainer.rollout.server import EndpointServer, LoopHandler
-from areal_trainer.rollout.tool_parsers import get_parser
+from areal_trainer.rollout.agents.endpoint import EndpointServer, LoopHandler
+from areal_trainer.rollout.agents.session import EpisodeSession
+from areal_trainer.rollout.agents.tool_parsers import get_parser
+from areal_trainer.rollout.engines.batcher import GenerationBatcher
+from areal_trainer.rollout.engines.hf import HFEngine
 from areal_trainer.rollout.types import Generation
 
 CPU = torch.device("cpu")
@@ -435,8 +435,8 @@ SAMPLE = {"messages": QUESTION, "prompt": QUESTION[0]["content"], "answer": "3 +
 
 
 def _workflow(stack, name, **kwargs):
-    from areal_trainer.rollout.agent import AgentWorkflow
-    from areal_trainer.rollout.agent_spec import load_agent
+    from areal_trainer.rollout.agents.spec import load_agent
+    from areal_trainer.rollout.agents.workflow import AgentWorkflow
 
     return AgentWorkflow(engine=stack.engine, tokenizer=stack.tokenizer, reward=None,
                          agent=load_agent(f"{__name__}.{name}", {}), **kwargs)

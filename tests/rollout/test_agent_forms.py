@@ -14,9 +14,9 @@ import torch
 from areal_trainer.config.schema import GenerationHyperparameters, SFTWarmupConfig
 from areal_trainer.data import arith
 from areal_trainer.model.builtin import build_model, build_tokenizer
-from areal_trainer.rollout.agent import AgentWorkflow
-from areal_trainer.rollout.agent_spec import load_agent
-from areal_trainer.rollout.engine import HFEngine
+from areal_trainer.rollout.agents.spec import load_agent
+from areal_trainer.rollout.agents.workflow import AgentWorkflow
+from areal_trainer.rollout.engines.hf import HFEngine
 from areal_trainer.train.sft import sft_warmup, with_tool_demonstrations
 
 CPU = torch.device("cpu")

@@ -11,9 +11,9 @@ import torch
 
 from areal_trainer.config.schema import GenerationHyperparameters
 from areal_trainer.model.builtin import build_model
-from areal_trainer.rollout.engine import GenerationAborted, HFEngine, rollout_copy
-from areal_trainer.rollout.workflow import prompt_ids
-from areal_trainer.train.logprobs import forward_logprobs
+from areal_trainer.rollout.engines.hf import GenerationAborted, HFEngine, rollout_copy
+from areal_trainer.rollout.workflows.single_turn import prompt_ids
+from areal_trainer.train.models.logprobs import forward_logprobs
 
 CPU = torch.device("cpu")
 G = GenerationHyperparameters(max_new_tokens=12, temperature=1.0)

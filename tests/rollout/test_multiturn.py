@@ -11,9 +11,9 @@ from areal_trainer.config.schema import GenerationHyperparameters
 from areal_trainer.errors import UserError
 from areal_trainer.model.builtin import build_tokenizer
 from areal_trainer.rollout.batch import concat_groups
-from areal_trainer.rollout.engine import Generation
-from areal_trainer.rollout.multiturn import DEFAULT_FEEDBACK, MultiTurnWorkflow
-from areal_trainer.rollout.workflow import prompt_ids
+from areal_trainer.rollout.engines.hf import Generation
+from areal_trainer.rollout.workflows.multi_turn import DEFAULT_FEEDBACK, MultiTurnWorkflow
+from areal_trainer.rollout.workflows.single_turn import prompt_ids
 from tests.groups import reward_service
 
 QUESTION = "Tom has 3 apples. Tom buys 4 more. How many apples does Tom have now?"

@@ -7,8 +7,7 @@ import json
 import openai.types.chat as openai_chat
 import pytest
 
-from areal_trainer.rollout.openai_request import ChatMessage, RequestError, error_body, parse_chat_request
-from areal_trainer.rollout.openai_types import (
+from areal_trainer.rollout.agents.openai_types import (
     ChatCompletion,
     ChatCompletionMessage,
     ChatCompletionMessageToolCall,
@@ -16,6 +15,7 @@ from areal_trainer.rollout.openai_types import (
     CompletionUsage,
     Function,
 )
+from areal_trainer.rollout.agents.requests import ChatMessage, RequestError, error_body, parse_chat_request
 
 
 def completion() -> ChatCompletion:

@@ -11,8 +11,8 @@ import httpx
 import openai
 import pytest
 
-from areal_trainer.rollout.openai_request import ChatRequest, RequestError
-from areal_trainer.rollout.openai_types import (
+from areal_trainer.rollout.agents.endpoint import EndpointServer, LoopHandler
+from areal_trainer.rollout.agents.openai_types import (
     ChatCompletion,
     ChatCompletionMessage,
     ChatCompletionMessageToolCall,
@@ -20,7 +20,7 @@ from areal_trainer.rollout.openai_types import (
     CompletionUsage,
     Function,
 )
-from areal_trainer.rollout.server import EndpointServer, LoopHandler
+from areal_trainer.rollout.agents.requests import ChatRequest, RequestError
 
 TIMEOUT = 10  # seconds; generous for shared CPUs, short enough that a hang fails the test
 

@@ -8,7 +8,7 @@ import torch
 from areal_trainer.config.schema import GenerationHyperparameters
 from areal_trainer.data import arith
 from areal_trainer.model.builtin import build_model, build_tokenizer
-from areal_trainer.rollout.engine import HFEngine
+from areal_trainer.rollout.engines.hf import HFEngine
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Stop strings (``gconfig.stop``): the rule of ``rollout/stops.py`` (hand-made cases, and the fast
+"""Stop strings (``gconfig.stop``): the rule of ``rollout/engines/stops.py`` (hand-made cases, and the fast
 functions against a one-prefix-at-a-time reference on random cases), the ``hf`` engine (an answer ends
 at the token that completes a stop string, across the segments of a partial rollout; without stop
 strings nothing changes), the ``vllm`` engine's step driver (with a scripted stand-in for vLLM), the
@@ -17,12 +17,12 @@ from hypothesis import strategies as st
 
 from areal_trainer.config.sampling import GenerationHyperparameters
 from areal_trainer.model.builtin import build_model, build_tokenizer
-from areal_trainer.rollout import engine as engine_mod
-from areal_trainer.rollout.engine import HFEngine, rollout_copy
-from areal_trainer.rollout.stops import may_have_stopped, stop_at, stop_strings, text_of
-from areal_trainer.rollout.vllm_engine import VLLMEngine
-from areal_trainer.rollout.weights import WeightGate
-from areal_trainer.rollout.workflow import RLVRWorkflow, prompt_ids
+from areal_trainer.rollout.engines import hf as engine_mod
+from areal_trainer.rollout.engines.hf import HFEngine, rollout_copy
+from areal_trainer.rollout.engines.stops import may_have_stopped, stop_at, stop_strings, text_of
+from areal_trainer.rollout.engines.vllm import VLLMEngine
+from areal_trainer.rollout.engines.weights import WeightGate
+from areal_trainer.rollout.workflows.single_turn import RLVRWorkflow, prompt_ids
 from tests.groups import reward_service
 
 CPU = torch.device("cpu")

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from areal_trainer.rollout.tool_parsers import TOOL_CALL_PARSERS, ParsedOutput, ToolCall, get_parser
-from areal_trainer.rollout.tools import (
+from areal_trainer.rollout.agents.tool_parsers import TOOL_CALL_PARSERS, ParsedOutput, ToolCall, get_parser
+from areal_trainer.rollout.agents.tools import (
     Tool,
     ToolResult,
     arun_tool,

@@ -5,9 +5,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from areal_trainer.rollout.agent_client import CallRecord
+from areal_trainer.rollout.agents.session import CallRecord
+from areal_trainer.rollout.agents.trajectory import discounted_rewards, export_rows
 from areal_trainer.rollout.batch import make_row
-from areal_trainer.rollout.trajectory import discounted_rewards, export_rows
 
 
 def _rec(call, prompt, output, index=0, cid=None):

@@ -55,8 +55,8 @@ def test_group_statistics_count_episodes_not_calls(algo, expected):
 
 
 def test_turn_level_gae_runs_on_merged_agent_rows():
-    from areal_trainer.rollout.agent_client import CallRecord
-    from areal_trainer.rollout.trajectory import discounted_rewards, export_rows
+    from areal_trainer.rollout.agents.session import CallRecord
+    from areal_trainer.rollout.agents.trajectory import discounted_rewards, export_rows
 
     def episode(reward):
         recs = [CallRecord("a", 0, 0, [1, 2], [3, 4, 5], [-1.0] * 3, [0] * 3, False),

@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 from areal_trainer.config.schema import GenerationHyperparameters
 from areal_trainer.data.loader import PromptLoader
 from areal_trainer.model.builtin import build_tokenizer
-from areal_trainer.rollout.agent import AgentWorkflow
-from areal_trainer.rollout.agent_spec import load_agent
+from areal_trainer.rollout.agents.spec import load_agent
+from areal_trainer.rollout.agents.workflow import AgentWorkflow
 from areal_trainer.rollout.staleness import StalenessManager
-from areal_trainer.train.async_rollout import AsyncSource
+from areal_trainer.train.sources.concurrent import AsyncSource
 
 from .test_async_source import FakeEngine, _check_bound, train
 

@@ -18,7 +18,7 @@ from areal_trainer.errors import UserError
 from areal_trainer.metrics import floats
 from areal_trainer.rollout.staleness import StalenessManager
 from areal_trainer.rollout.types import Generation
-from areal_trainer.train.async_rollout import AsyncSource, RolloutFailed
+from areal_trainer.train.sources.concurrent import AsyncSource, RolloutFailed
 
 from ..groups import make_group
 

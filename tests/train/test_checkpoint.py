@@ -6,7 +6,7 @@ import os
 import torch
 
 from areal_trainer.model.builtin import build_model, build_tokenizer
-from areal_trainer.train import checkpoint as ckpt
+from areal_trainer.train.state import checkpoint as ckpt
 
 
 def test_save_load_and_prune(tmp_path):

@@ -8,8 +8,8 @@ from areal_trainer.data.loader import PromptLoader
 from areal_trainer.errors import PluginOutputError, UserError
 from areal_trainer.metrics import floats
 from areal_trainer.rollout.filters import has_reward_variance
-from areal_trainer.train.collect import collect_groups
 from areal_trainer.train.evaluate import evaluate
+from areal_trainer.train.sources.collect import collect_groups
 
 from ..groups import make_group
 

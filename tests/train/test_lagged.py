@@ -9,9 +9,9 @@ from areal_trainer.config.schema import GenerationHyperparameters
 from areal_trainer.data import arith
 from areal_trainer.data.loader import PromptLoader
 from areal_trainer.model.builtin import build_model, build_tokenizer
-from areal_trainer.rollout.engine import HFEngine, rollout_copy
-from areal_trainer.rollout.workflow import RLVRWorkflow
-from areal_trainer.train.lagged import LaggedSource
+from areal_trainer.rollout.engines.hf import HFEngine, rollout_copy
+from areal_trainer.rollout.workflows.single_turn import RLVRWorkflow
+from areal_trainer.train.sources.lagged import LaggedSource
 from tests.groups import reward_service
 
 G = GenerationHyperparameters(n_samples=2, max_new_tokens=10, temperature=1.0)

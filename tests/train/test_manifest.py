@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from areal_trainer.train import checkpoint as ckpt
-from areal_trainer.train import manifest
+from areal_trainer.train.state import checkpoint as ckpt
+from areal_trainer.train.state import manifest
 
 
 @pytest.fixture

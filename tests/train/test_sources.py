@@ -10,9 +10,9 @@ import torch
 from areal_trainer.components import load
 from areal_trainer.data.loader import PromptLoader
 from areal_trainer.model.builtin import build_model, build_tokenizer
-from areal_trainer.train.async_rollout import AsyncSource
-from areal_trainer.train.lagged import LaggedSource
-from areal_trainer.train.sources import RolloutSource, SyncSource, build_rollout, rollout_mode
+from areal_trainer.train.sources.build import RolloutSource, SyncSource, build_rollout, rollout_mode
+from areal_trainer.train.sources.concurrent import AsyncSource
+from areal_trainer.train.sources.lagged import LaggedSource
 from tests.groups import reward_service
 
 

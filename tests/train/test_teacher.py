@@ -14,8 +14,8 @@ from areal_trainer.errors import UserError
 from areal_trainer.model import lora
 from areal_trainer.model.builtin import build_model, build_tokenizer
 from areal_trainer.model.teacher import load_teacher, model_dir
-from areal_trainer.train.logprobs import forward_logprobs
-from areal_trainer.train.teacher import Teachers, check_teachers
+from areal_trainer.train.models.logprobs import forward_logprobs
+from areal_trainer.train.models.teacher import Teachers, check_teachers
 
 TOK = build_tokenizer()
 

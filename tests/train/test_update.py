@@ -12,8 +12,8 @@ from areal_trainer.dist import DistContext
 from areal_trainer.loss import PolicyLogprobs
 from areal_trainer.model.builtin import build_model, build_tokenizer
 from areal_trainer.train.batch import UpdateBatch
-from areal_trainer.train.policy_model import PolicyModel
-from areal_trainer.train.update import balanced_partition, micro_batches
+from areal_trainer.train.models.policy import PolicyModel
+from areal_trainer.train.models.update import balanced_partition, micro_batches
 
 
 def _batch(tok, rows=6, width=10, nan_at=None) -> UpdateBatch:

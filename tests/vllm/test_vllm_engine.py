@@ -21,9 +21,9 @@ from areal_trainer.config.schema import GenerationHyperparameters
 from areal_trainer.data import arith
 from areal_trainer.errors import UserError
 from areal_trainer.model.builtin import build_model, build_tokenizer
-from areal_trainer.rollout.engine import HFEngine
-from areal_trainer.rollout.workflow import prompt_ids
-from areal_trainer.train.logprobs import forward_logprobs
+from areal_trainer.rollout.engines.hf import HFEngine
+from areal_trainer.rollout.workflows.single_turn import prompt_ids
+from areal_trainer.train.models.logprobs import forward_logprobs
 
 from ..e2e.helpers import cli_env
 
@@ -34,13 +34,13 @@ CPU = torch.device("cpu")
 
 # -- without vLLM -------------------------------------------------------------------------------
 def test_module_import_does_not_import_vllm():
-    code = "import sys, areal_trainer.rollout.vllm_engine, areal_trainer.rollout.backends; print('vllm' in sys.modules)"
+    code = "import sys, areal_trainer.rollout.engines.vllm, areal_trainer.rollout.engines.backends; print('vllm' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], env=cli_env(), capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
 
 def test_missing_vllm_is_a_clear_user_error(monkeypatch):
-    from areal_trainer.rollout.vllm_engine import VLLMEngine
+    from areal_trainer.rollout.engines.vllm import VLLMEngine
 
     monkeypatch.setitem(sys.modules, "vllm", None)  # makes `import vllm` fail
     tok = build_tokenizer()
@@ -49,7 +49,7 @@ def test_missing_vllm_is_a_clear_user_error(monkeypatch):
 
 
 def test_checkpoint_weights_include_the_tied_output_layer():
-    from areal_trainer.rollout.vllm_engine import checkpoint_weights
+    from areal_trainer.rollout.engines.vllm import checkpoint_weights
 
     tok = build_tokenizer()
     model = build_model("builtin:tiny", tok, 0)
@@ -67,7 +67,7 @@ def vllm_mod():
 
 @pytest.fixture(scope="module")
 def setup(vllm_mod):
-    from areal_trainer.rollout.vllm_engine import VLLMEngine
+    from areal_trainer.rollout.engines.vllm import VLLMEngine
 
     tok = build_tokenizer()
     model = build_model("builtin:tiny", tok, 0).eval()
@@ -121,7 +121,7 @@ def test_logprobs_match_transformers_before_and_after_weight_syncs(setup):
 def test_long_prompts_share_cached_blocks_and_follow_weight_syncs(setup):
     """Prompts of several full KV blocks, sampled 4 times each: the samples share the prompt's
     cached blocks, and after a sync none of the blocks computed under the old weights is reused."""
-    from areal_trainer.rollout.vllm_engine import CPU_BLOCK_SIZE
+    from areal_trainer.rollout.engines.vllm import CPU_BLOCK_SIZE
 
     model, tok, engine, _ = setup
     rows = arith.generate("test", 16)
@@ -202,7 +202,7 @@ def test_sampling_is_seeded_and_top_k_one_is_greedy(setup):
 def test_greedy_stop_strings_end_answers_as_in_transformers(setup, interruptible):
     """Stop strings (checked by the backend, not by vLLM): an answer ends at the token that completes one,
     not truncated, as the hf engine ends it."""
-    from areal_trainer.rollout.stops import stop_at, text_of
+    from areal_trainer.rollout.engines.stops import stop_at, text_of
 
     model, tok, engine, prompts = setup
     engine.update_weights(model, engine.version + 1)
@@ -235,7 +235,7 @@ def test_greedy_stop_strings_end_answers_as_in_transformers(setup, interruptible
 @pytest.mark.slow
 def test_multiprocess_engine_syncs_weights_as_bytes(vllm_mod, monkeypatch):
     """With vLLM's engine in its own processes, weights travel as one safetensors blob."""
-    from areal_trainer.rollout.vllm_engine import VLLMEngine
+    from areal_trainer.rollout.engines.vllm import VLLMEngine
 
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
     tok = build_tokenizer()

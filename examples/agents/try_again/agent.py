@@ -1,4 +1,4 @@
-"""The multi-turn "try again" task of ``MultiTurnWorkflow`` (``areal_trainer/rollout/multiturn.py``) as an
+"""The multi-turn "try again" task of ``MultiTurnWorkflow`` (``areal_trainer/rollout/workflows/multi_turn.py``) as an
 agent: answer; while the final number is wrong and turns remain, hear "Your answer is incorrect. Please
 try again." and answer again.
 

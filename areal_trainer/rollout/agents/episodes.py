@@ -1,0 +1,159 @@
+"""What an agent's episodes become: their outcomes, their per-call rewards, their counters and a group's rows.
+
+An episode ends ``ok`` (the agent returned), ``error`` (it raised) or ``timeout`` (cancelled past
+``rollout.agent_timeout``). :class:`EpisodeRows` is bound once per run with the reward's error policy
+and the export settings, and turns a prompt's outcomes into its :class:`TrajectoryGroup`: an episode
+that did not return a usable result scores ``reward.error_value`` on its last call; more than
+``reward.max_error_fraction`` of such episodes in a rollout call stops the run with the agent's name and
+one example; the first is named once (``agent/errors`` counts every later one).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ...errors import UserError
+from ...metrics import Mean, Sum
+from ...model.chat import prompt_ids
+from ..batch import make_row, stack_rows
+from ..types import Segment, TrajectoryGroup
+from .session import EpisodeSession
+from .trajectory import EXPORTS, discounted_rewards, export_rows
+
+STATUSES = ("ok", "error", "timeout")
+
+
+@dataclass
+class Outcome:
+    """One episode's end: its session (the calls it made), how it ended, what the agent returned or why not."""
+
+    session: EpisodeSession
+    status: str  # one of STATUSES
+    result: Any = None
+    error: str = ""
+
+
+class EpisodeRows:
+    """Outcomes -> rows, bound once (see the module docstring).
+
+    Args:
+        tokenizer: renders the prompt of a group none of whose episodes made a call.
+        agent: the agent's import path, for messages.
+        error_value: the reward of an episode's last call when the episode has no usable result.
+        max_error_fraction: the fraction of a rollout call's episodes that may fail before the run stops.
+        turn_discount: the per-call discount of later rewards, in (0, 1].
+        export: ``individual`` or ``concat`` (``trajectory.py``).
+    """
+
+    def __init__(self, *, tokenizer, agent: str, error_value: float, max_error_fraction: float,
+                 turn_discount: float = 1.0, export: str = "individual"):
+        if export not in EXPORTS:
+            raise UserError(f"rollout.agent_export: got {export!r}; must be one of {', '.join(EXPORTS)}.")
+        self.tokenizer, self.agent, self.export = tokenizer, agent, export
+        self.error_value, self.max_error_fraction = float(error_value), float(max_error_fraction)
+        self.turn_discount = float(turn_discount)
+        self._warned_errors = False
+
+    def check_errors(self, outcomes: list[Outcome]) -> None:
+        """Stop the run when too many of a rollout call's episodes raised; name the first failure once."""
+        failed = [o for o in outcomes if o.status == "error"]
+        if len(failed) > self.max_error_fraction * len(outcomes):
+            raise UserError(f"rollout.agent {self.agent}: {len(failed)} of {len(outcomes)} episodes raised "
+                            f"(more than reward.max_error_fraction={self.max_error_fraction:g}); for example:\n"
+                            f"{failed[0].error}")
+        if failed and not self._warned_errors:
+            self._warned_errors = True
+            print(f"warning: rollout.agent {self.agent}: {len(failed)} of {len(outcomes)} episodes raised in this "
+                  f"rollout (counted in agent/errors; their last call is trained with reward.error_value="
+                  f"{self.error_value:g}, the run stops above reward.max_error_fraction="
+                  f"{self.max_error_fraction:g}); the first:\n{failed[0].error}", file=sys.stderr, flush=True)
+
+    def rewards(self, o: Outcome) -> list[float | None] | str:
+        """Per-call rewards of an episode (None: not set), or why its result is unusable."""
+        records = o.session.records
+        rewards = [r.reward for r in records]
+        if o.status != "ok":
+            rewards[-1] = self.error_value
+            return rewards
+        result = o.result
+        if isinstance(result, dict):
+            ids = {r.completion_id for r in records}
+            unknown = [k for k in result if k not in ids]
+            if unknown:
+                return f"returned rewards for unknown completion ids {unknown[:3]}"
+            for r in records:
+                if r.completion_id in result:
+                    r.reward = number(result[r.completion_id])
+            rewards = [r.reward for r in records]
+            return rewards if all(x is None or x == x for x in rewards) else "returned a non-number reward"
+        value = number(result)
+        if value is None or value != value:
+            return f"returned {result!r}; an agent returns a float reward or {{completion_id: reward}}"
+        rewards[-1] = value
+        return rewards
+
+    def group(self, sample: dict, outcomes: list[Outcome]) -> TrajectoryGroup:
+        """One prompt's group: its episodes' rows in episode order, with each episode's row count and reward."""
+        rows, counts, episode_rewards, errors, stats = [], [], [], [], counters(outcomes)
+        for o in outcomes:
+            if not o.session.records:
+                continue
+            rewards = self.rewards(o)
+            if isinstance(rewards, str):
+                errors.append(rewards)
+                rewards = [None] * (len(o.session.records) - 1) + [self.error_value]
+            returns = discounted_rewards(rewards, self.turn_discount)
+            exported, fallbacks = export_rows(o.session.records, returns, self.export)
+            stats["agent/concat_fallbacks"] = Sum(stats["agent/concat_fallbacks"].value + fallbacks)
+            rows += exported
+            counts.append(len(exported))
+            episode_rewards.append(returns[0])
+        stats["agent/bad_results"] = Sum(float(len(errors)))
+        stats["agent/errors"] = Sum(stats["agent/errors"].value + len(errors))
+        if errors and len(errors) > self.max_error_fraction * len(outcomes):
+            raise UserError(f"rollout.agent {self.agent}: {len(errors)} of {len(outcomes)} episodes {errors[0]}.")
+        if not rows:  # nothing was sampled: one untrained row keeps the prompt's place in the batch
+            tensors = stack_rows([make_row([Segment(prompt_ids(self.tokenizer, sample["messages"]))])])
+            tensors.update(rewards=torch.tensor([self.error_value]), is_truncated=torch.tensor([False]),
+                           num_turns=torch.zeros(1))
+            stats["agent/empty_groups"] = Sum(1.0)
+            return TrajectoryGroup(tensors, stats=stats)
+        tensors = stack_rows([make_row(r.segments) for r in rows])
+        tensors["rewards"] = torch.tensor([r.reward for r in rows], dtype=torch.float32)
+        tensors["is_truncated"] = torch.tensor([r.truncated for r in rows])
+        tensors["num_turns"] = torch.tensor([float(r.calls) for r in rows])
+        stats["agent/empty_groups"] = Sum(0.0)
+        stats["agent/episode_reward"] = Mean(sum(episode_rewards) / len(episode_rewards), len(episode_rewards))
+        return TrajectoryGroup(tensors, stats=stats, episode_rows=tuple(counts), episode_rewards=tuple(episode_rewards))
+
+
+def number(x: Any) -> float | None:
+    """A reward as a float (a Python number or a one-element tensor/array); None for anything else."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        try:
+            return float(x.item()) if hasattr(x, "item") else None
+        except Exception:  # noqa: BLE001 - not a number
+            return None
+    return float(x)
+
+
+def counters(outcomes: list[Outcome]) -> dict[str, Sum]:
+    """The counters of a group's episodes (summed over groups and ranks)."""
+    c = [o.session.counters for o in outcomes]
+    return {
+        "agent/episodes": Sum(float(len(outcomes))),
+        "agent/errors": Sum(float(sum(o.status == "error" for o in outcomes))),
+        "agent/timeouts": Sum(float(sum(o.status == "timeout" for o in outcomes))),
+        "agent/calls": Sum(float(sum(x.calls for x in c))),
+        "agent/tool_calls": Sum(float(sum(x.tool_calls for x in c))),
+        "agent/tool_errors": Sum(float(sum(x.tool_errors for x in c))),
+        "agent/tool_parse_failures": Sum(float(sum(x.tool_parse_failures for x in c))),
+        "agent/length_refusals": Sum(float(sum(x.length_refusals for x in c))),
+        "agent/truncated": Sum(float(sum(x.truncated for x in c))),
+        "agent/bad_requests": Sum(float(sum(x.bad_requests for x in c))),
+        "agent/concat_fallbacks": Sum(0.0),
+    }

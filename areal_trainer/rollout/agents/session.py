@@ -1,0 +1,253 @@
+"""One episode's chat calls, served by the policy and recorded for training.
+
+:class:`EpisodeSession` serves one episode's chat requests (it is the ``ChatHandler`` the HTTP
+endpoint routes an episode's key to, and what the in-process clients call). A request's messages and
+tools are rendered by the tokenizer's chat template, the prompt ids are sampled by the rollout engine
+through the shared :class:`~areal_trainer.rollout.engines.batcher.GenerationBatcher`, and the sampled text is
+parsed for tool calls by the run's tool-call parser. Each choice is recorded as a :class:`CallRecord`
+with the exact prompt ids, output ids, behaviour log-probs and per-token policy versions: training
+rows are built from these records only, never from re-tokenized text.
+
+The clients an agent holds (``client.py``) call :meth:`EpisodeSession.create` for each chat
+completion and :meth:`EpisodeSession.call_tool` for each tool call; a tool that raises returns its error
+text, and is counted.
+
+Sampling. The request's ``temperature`` (0 is greedy), ``top_p``, ``max_tokens`` and ``stop`` override
+``gconfig``; ``max_tokens`` never exceeds ``gconfig.max_new_tokens``, and prompt plus answer stay within
+the row limit (``rollout/limits.py``). A prompt with no room for an answer gets ``finish_reason: "length"`` and
+no content, and nothing is sampled or trained.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ...model.chat import template_message, unknown_pieces
+from ..engines.batcher import GenerationBatcher
+from ..limits import engine_positions, row_tokens
+from .openai_types import (
+    ChatCompletion,
+    ChatCompletionMessage,
+    ChatCompletionMessageToolCall,
+    Choice,
+    CompletionUsage,
+    Function,
+    new_completion_id,
+)
+from .requests import ChatRequest, RequestError
+from .tool_parsers import ToolCallParser
+from .tools import Tool, arun_tool, tool_from_function, tool_from_openai
+
+
+@dataclass
+class CallRecord:
+    """One sampled choice of one chat call, exactly as the engine produced it."""
+
+    completion_id: str
+    index: int
+    """The choice's index within its call (``n > 1``)."""
+    call: int
+    """The call's number within the episode (0, 1, ...)."""
+    prompt_ids: list[int]
+    output_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    truncated: bool
+    reward: float | None = None
+
+
+@dataclass
+class EpisodeCounters:
+    """What went wrong inside one episode without ending it."""
+
+    calls: int = 0
+    tool_parse_failures: int = 0
+    tool_calls: int = 0
+    """Tool calls read out of the model's answers (to requests that offered tools), whoever runs them."""
+    tool_errors: int = 0
+    """``call_tool`` runs that failed: an unknown tool, bad arguments, or the tool raised."""
+    length_refusals: int = 0
+    truncated: int = 0
+    bad_requests: int = 0
+    """Requests refused with a 4xx: malformed, unrenderable, an unknown completion id, a reward too early."""
+    """Answers that stopped at their token budget (``max_tokens``, ``gconfig.max_new_tokens`` or the row limit)."""
+
+
+class EpisodeSession:
+    """Serves and records the chat calls of one episode (see the module docstring).
+
+    Args:
+        episode: the episode's index in its rollout (orders its requests within a batched call).
+        tokenizer: the policy's tokenizer, with a chat template.
+        batcher: the rollout's generation batcher.
+        gconfig: the rollout's sampling settings (``gconfig``).
+        parser: reads tool calls out of sampled text.
+        model_name: the name responses carry.
+    """
+
+    def __init__(self, *, episode: int, tokenizer, batcher: GenerationBatcher, gconfig: Any,
+                 parser: ToolCallParser, model_name: str = "policy"):
+        self.episode, self.tokenizer, self.batcher, self.gconfig = episode, tokenizer, batcher, gconfig
+        self.parser, self.model_name = parser, model_name
+        self.records: list[CallRecord] = []
+        self.counters = EpisodeCounters()
+        self.first_bad_request: str | None = None
+        self.unknown_words: set[str] = set()
+        """Words of the rendered requests that the tokenizer cannot spell (they render as its unknown token)."""
+        self.tool_names: set[str] = set()
+        """The tools offered by requests with such words (to tell which of the words are tool names)."""
+        self.closed = False
+        self._calls = 0
+
+    # -- rendering and sampling -------------------------------------------------------------------
+    def render(self, request: ChatRequest) -> list[int]:
+        """The prompt ids of a request: its messages and tools through the chat template."""
+        messages = [template_message(m.to_dict()) for m in request.messages]
+        kwargs = {"tools": request.tools} if request.tools else {}
+        try:
+            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kwargs)
+        except Exception as e:  # noqa: BLE001 - a template that cannot render the messages is a bad request
+            raise RequestError(400, f"the chat template cannot render these messages: {type(e).__name__}: {e}",
+                               param="messages") from e
+        ids = self.tokenizer(text, add_special_tokens=False).input_ids
+        unk = getattr(self.tokenizer, "unk_token_id", None)
+        if unk is not None and unk in ids:  # the built-in word-level tokenizers: words they do not know
+            self.unknown_words.update(unknown_pieces(self.tokenizer, text))
+            self.tool_names.update(t["function"]["name"] for t in request.tools)
+        return ids
+
+    def sampling(self, request: ChatRequest) -> Any:
+        """``gconfig`` with the request's overrides, for one answer."""
+        g = self.gconfig
+        over: dict[str, Any] = {"n_samples": 1}
+        if request.max_tokens is not None:
+            over["max_new_tokens"] = min(int(request.max_tokens), int(g.max_new_tokens))
+        if request.temperature is not None:
+            over.update(greedy=True) if request.temperature == 0 else over.update(temperature=request.temperature)
+        if request.top_p is not None:
+            over["top_p"] = request.top_p
+        if request.stop:
+            over["stop"] = [*getattr(g, "stop", []), *request.stop]
+        over["min_new_tokens"] = min(int(getattr(g, "min_new_tokens", 0)), over.get("max_new_tokens", g.max_new_tokens))
+        if dataclasses.is_dataclass(g):
+            return dataclasses.replace(g, **over)
+        return type(g)(**{**vars(g), **over})
+
+    # -- refused requests -------------------------------------------------------------------------
+    def bad_request(self, error: RequestError) -> None:
+        """Count a request refused with a 4xx (the agent gets the error; nothing is sampled or trained)."""
+        self.counters.bad_requests += 1
+        if self.first_bad_request is None:
+            self.first_bad_request = f"{error.status}: {error.message}"
+
+    async def create(self, request: ChatRequest) -> ChatCompletion:
+        """Sample ``request.n`` answers and record each (the ``ChatHandler`` method)."""
+        try:
+            return await self._create(request)
+        except RequestError as e:
+            self.bad_request(e)
+            raise
+
+    async def _create(self, request: ChatRequest) -> ChatCompletion:
+        if self.closed:
+            raise RequestError(409, "this episode has ended; its client cannot be used any more.")
+        prompt = self.render(request)
+        call, self._calls = self._calls, self._calls + 1
+        self.counters.calls += 1
+        cid = new_completion_id()
+        limit = row_tokens(self.gconfig, engine_positions(self.batcher.engine))
+        if len(prompt) >= limit:
+            self.counters.length_refusals += 1
+            choices = [Choice(index=i, message=ChatCompletionMessage(content=""), finish_reason="length")
+                       for i in range(request.n)]
+            return ChatCompletion(id=cid, model=request.model or self.model_name, choices=choices,
+                                  usage=CompletionUsage(prompt_tokens=len(prompt), completion_tokens=0))
+        g = self.sampling(request)
+        gens = await asyncio.gather(*(self.batcher.generate(prompt, g, (self.episode, call, i))
+                                      for i in range(request.n)))
+        if self.closed:  # the episode ended while this call was sampled: nothing of it is trained
+            raise RequestError(409, "this episode has ended; its client cannot be used any more.")
+        choices = []
+        self.counters.truncated += sum(bool(gen.truncated) for gen in gens)
+        for i, gen in enumerate(gens):
+            self.records.append(CallRecord(cid, i, call, list(prompt), list(gen.output_ids), list(gen.logprobs),
+                                           list(gen.versions), bool(gen.truncated)))
+            choices.append(self._choice(i, gen, request))
+        return ChatCompletion(id=cid, model=request.model or self.model_name, choices=choices,
+                              usage=CompletionUsage(prompt_tokens=len(prompt),  # once for all n, as OpenAI counts
+                                                    completion_tokens=sum(len(x.output_ids) for x in gens)))
+
+    def _choice(self, index: int, gen, request: ChatRequest) -> Choice:
+        text = self.tokenizer.decode(gen.output_ids, skip_special_tokens=True)
+        calls = []
+        if request.tools and request.tool_choice != "none":
+            parsed = self.parser.parse(text)
+            self.counters.tool_parse_failures += parsed.failed
+            self.counters.tool_calls += len(parsed.tool_calls)  # whoever runs them: the agent or call_tool
+            text, calls = parsed.content, parsed.tool_calls
+        finish = "tool_calls" if calls else ("length" if gen.truncated else "stop")
+        tool_calls = [ChatCompletionMessageToolCall(id=c.id, function=Function(name=c.name, arguments=c.arguments))
+                      for c in calls] or None
+        return Choice(index=index, message=ChatCompletionMessage(content=text, tool_calls=tool_calls),
+                      finish_reason=finish)
+
+    # -- rewards and tools ------------------------------------------------------------------------
+    def set_reward_now(self, completion_id: str | None, reward: Any) -> None:
+        """Give the call ``completion_id`` (None: the latest call) the reward ``reward``."""
+        try:
+            self._set_reward(completion_id, reward)
+        except RequestError as e:
+            self.bad_request(e)
+            raise
+
+    def _set_reward(self, completion_id: str | None, reward: Any) -> None:
+        if self.closed:
+            raise RequestError(409, "this episode has ended; its rewards cannot be changed any more.")
+        if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+            raise RequestError(400, f"reward must be a finite number, got {reward!r}.", param="reward")
+        if completion_id is None:
+            if not self.records:
+                raise RequestError(404, "this episode has made no call yet, so there is no call to reward.")
+            completion_id = self.records[-1].completion_id
+        mine = [r for r in self.records if r.completion_id == completion_id]
+        if not mine:
+            raise RequestError(404, f"no call of this episode has the id {completion_id!r}.", param="completion_id")
+        for r in mine:
+            r.reward = float(reward)
+
+    async def set_reward(self, completion_id: str | None, reward: float) -> None:
+        """The ``ChatHandler`` method of :meth:`set_reward_now`."""
+        self.set_reward_now(completion_id, reward)
+
+    async def call_tool(self, tool_call: Any, tools: Sequence[Any], *, timeout: float | None = None) -> dict:
+        """Run the tool a call names on its arguments; the ``role: tool`` message of its result (an
+        error text when the tool is unknown, the arguments are bad, or the tool raises, counted)."""
+        fn = tool_call["function"] if isinstance(tool_call, dict) else tool_call.function
+        name = fn["name"] if isinstance(fn, dict) else fn.name
+        arguments = fn["arguments"] if isinstance(fn, dict) else fn.arguments
+        call_id = tool_call["id"] if isinstance(tool_call, dict) else tool_call.id
+        by_name = {t.name: t for t in (as_tool(t) for t in tools)}
+        if name not in by_name:
+            self.counters.tool_errors += 1
+            content = f"Error: there is no tool {name!r}; the tools are {', '.join(sorted(by_name)) or 'none'}."
+        else:
+            result = await arun_tool(by_name[name], arguments, timeout=timeout)
+            self.counters.tool_errors += not result.ok
+            content = result.content
+        return {"role": "tool", "tool_call_id": call_id, "name": name, "content": content}
+
+
+def as_tool(obj: Any) -> Tool:
+    """A ``Tool`` from a ``Tool``, a Python function, or an OpenAI schema dict."""
+    if isinstance(obj, Tool):
+        return obj
+    if isinstance(obj, dict):
+        return tool_from_openai(obj)
+    if callable(obj):
+        return tool_from_function(obj)
+    raise TypeError(f"a tool must be a Tool, a function or an OpenAI schema dict, got {type(obj).__name__}")

@@ -1,0 +1,292 @@
+"""Agent code as a rollout: ``rollout.agent=<import path>`` runs the user's agent once per episode.
+
+The contract. ``rollout.agent`` names an async function, or a class whose instances have a ``run``
+method (the class is built once with ``rollout.agent_kwargs``; a function gets them with every call).
+It is called as ``run(data, *, client)`` or ``run(data, *, base_url, api_key)``, whichever parameters
+it declares: ``data`` is the dataset row (every column, plus ``messages``, the prompt as chat
+messages), ``client`` behaves like ``openai.AsyncOpenAI`` (``client.py``), and ``base_url`` /
+``api_key`` address the run's OpenAI-compatible HTTP endpoint (``endpoint.py``) with a key of this
+episode's own. It returns the episode's reward (a float, given to its last call), or per-call rewards
+``{completion_id: reward}``. A plain ``def run`` runs in a worker thread with a blocking client.
+
+Episodes. Each prompt's ``gconfig.n_samples`` episodes form its group. All episodes of a rollout call
+run concurrently as coroutines, at most ``rollout.max_concurrent_rollouts`` at a time, and their
+requests are sampled together (``engines/batcher.py``). An episode that takes longer than
+``rollout.agent_timeout`` seconds is cancelled; one whose agent raises is caught. Either scores
+``reward.error_value`` on the calls it made and is counted (``agent/timeouts``, ``agent/errors``); when
+more than ``reward.max_error_fraction`` of a rollout call's episodes raised, the run stops with the
+agent's name and one example. Timeouts never stop the run.
+
+Rows. ``episodes.py`` turns each prompt's episodes into its group, and ``trajectory.py`` each episode's
+recorded calls into rows (``rollout.agent_export``) with discounted per-call rewards
+(``rollout.turn_discount``). A group carries its rows episode by episode
+with each episode's row count and reward (``TrajectoryGroup.episode_rows``/``episode_rewards``), so
+group statistics (GRPO, Dr.GRPO, RLOO, ...) count episodes, not calls. An episode that made no call
+has no rows; a group none of whose episodes made a call gets one untrained row (its prompt).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import inspect
+import os
+import sys
+import threading
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from ...errors import UserError
+from ...metrics import Sum
+from ..engines.batcher import GenerationBatcher
+from ..types import TrajectoryGroup
+from .client import AgentClient, SyncAgentClient
+from .episodes import EpisodeRows, Outcome
+from .session import EpisodeSession
+from .spec import AgentSpec
+from .tool_parsers import get_parser
+
+_UNSPELLABLE: set[str] = set()
+"""Words already warned about as unknown to the tokenizer (once per process)."""
+_REFUSED: set[str] = set()
+"""Agents whose refused requests were already warned about (once per process)."""
+BATCHING = ("episodes", "eager")
+"""``rollout.agent_batching``: when a generation call of the episodes' requests starts (``engines/batcher.py``)."""
+
+
+class DaemonExecutor(concurrent.futures.ThreadPoolExecutor):
+    """Runs each call in a daemon thread of its own, and never waits for them at shutdown.
+
+    Plain ``def`` agents, sync tools and engine calls run in worker threads. A thread cannot be
+    stopped, so one that never returns (an agent past its timeout, a hung tool) is abandoned: the
+    standard executor would make the end of every rollout call, and the process's exit, wait for it.
+    (A ``ThreadPoolExecutor`` only because asyncio accepts no other default executor; its pool is unused.)
+    """
+
+    def submit(self, fn, /, *args, **kwargs) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+
+        def work() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                future.set_result(fn(*args, **kwargs))
+            except BaseException as e:  # noqa: BLE001 - handed to whoever awaits the future
+                future.set_exception(e)
+
+        threading.Thread(target=work, name="areal-agent-worker", daemon=True).start()
+        return future
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Nothing to wait for: the threads are daemons, and a finished one has already ended."""
+
+
+class AgentWorkflow:
+    """Runs ``rollout.agent`` on every episode of a rollout call (see the module docstring); a
+    :class:`~areal_trainer.rollout.types.Workflow`.
+
+    Args:
+        engine, tokenizer, reward: as for every workflow (``reward`` gives ``error_value`` and
+            ``max_error_fraction``).
+        agent: the resolved agent (:func:`load_agent`).
+        timeout: seconds an episode may take (None: no limit).
+        export: ``individual`` or ``concat`` (``trajectory.py``).
+        turn_discount: the per-call discount of later rewards, in (0, 1].
+        tool_call_parser: the parser's name or import path.
+        max_concurrent: most episodes in flight at once (None: all of a call).
+        batching: ``episodes``: a generation call waits until every episode in flight has asked (or
+            ended), so the calls do not depend on timing; ``eager``: a call starts whenever the engine is
+            free (``engines/batcher.py``).
+        batch_wait: with ``episodes``, the most seconds a call waits without news (a request, an episode's
+            end) before it samples what is queued (None: no limit).
+        server: a started ``EndpointServer`` for ``http`` agents (None: started on first use).
+    """
+
+    def __init__(self, *, engine, tokenizer, reward, agent: AgentSpec, timeout: float | None = None,
+                 export: str = "individual", turn_discount: float = 1.0, tool_call_parser: str = "hermes",
+                 max_concurrent: int | None = None, batching: str = "episodes", batch_wait: float | None = 30.0,
+                 server=None):
+        if batching not in BATCHING:
+            raise UserError(f"rollout.agent_batching: got {batching!r}; must be one of {', '.join(BATCHING)}.")
+        self.engine, self.tokenizer, self.reward, self.agent = engine, tokenizer, reward, agent
+        self.timeout = timeout
+        self.parser = get_parser(tool_call_parser)
+        self.max_concurrent, self.batching, self.batch_wait, self.server = max_concurrent, batching, batch_wait, server
+        self.instance = agent.target(**agent.kwargs) if agent.is_class else None
+        self.rows = EpisodeRows(tokenizer=tokenizer, agent=agent.path, error_value=getattr(reward, "error_value", 0.0),
+                                max_error_fraction=getattr(reward, "max_error_fraction", 0.5),
+                                turn_discount=turn_discount, export=export)
+        self.batch_calls = 0
+        self._runner: asyncio.Runner | None = None
+        self._warned_wait = False
+
+    # -- one rollout call -------------------------------------------------------------------------
+    def rollout(self, samples: list[dict], gconfig: Any) -> list[TrajectoryGroup]:
+        """One group per sample (``gconfig.n_samples`` episodes each), in order.
+
+        Every rollout call runs on the same event loop, kept until :meth:`close`: what an agent keeps
+        between episodes and calls (an ``openai.AsyncOpenAI``, an HTTP session, a database pool) is bound
+        to one loop, and would fail on the next call's loop."""
+        if self._runner is None:
+            self._runner = asyncio.Runner()
+            self._runner.get_loop().set_default_executor(DaemonExecutor())
+        return self._runner.run(self._rollout(samples, gconfig))
+
+    async def _rollout(self, samples: list[dict], gconfig: Any) -> list[TrajectoryGroup]:
+        g = gconfig.n_samples
+        total = len(samples) * g
+        in_flight = min(self.max_concurrent or total, total)
+        ended = [0]
+        # A generation call waits for every episode in flight (``batching=episodes``): those holding one
+        # of the ``in_flight`` slots, which is every episode not ended, up to the number of slots.
+        episodes = (lambda: min(in_flight, total - ended[0])) if self.batching == "episodes" else None
+        batcher = GenerationBatcher(self.engine, episodes=episodes, max_wait=self.batch_wait)
+        limit = asyncio.Semaphore(in_flight)
+
+        def end() -> None:
+            ended[0] += 1
+            batcher.wake()
+
+        try:
+            outcomes = await asyncio.gather(*(self._episode(i * g + j, samples[i], batcher, gconfig, limit, end)
+                                              for i in range(len(samples)) for j in range(g)))
+        finally:
+            await batcher.close()
+        self.batch_calls += batcher.calls
+        self._notify(outcomes, batcher.forced)
+        self.rows.check_errors(outcomes)
+        groups = [self.rows.group(samples[i], outcomes[i * g:(i + 1) * g]) for i in range(len(samples))]
+        if groups:  # a count of the whole rollout call: on its first group, so that the sum over groups is it
+            groups[0].stats["agent/batch_wait_timeouts"] = Sum(float(batcher.forced))
+        return groups
+
+    async def _episode(self, index: int, sample: dict, batcher: GenerationBatcher, gconfig: Any,
+                       limit: asyncio.Semaphore, end: Callable[[], None]) -> Outcome:
+        async with limit:
+            try:
+                return await self._run_episode(index, sample, batcher, gconfig)
+            finally:
+                end()
+
+    async def _run_episode(self, index: int, sample: dict, batcher: GenerationBatcher, gconfig: Any) -> Outcome:
+        session = EpisodeSession(episode=index, tokenizer=self.tokenizer, batcher=batcher, gconfig=gconfig,
+                                 parser=self.parser)
+        key = None
+        try:
+            async with asyncio.timeout(self.timeout) as deadline:
+                try:
+                    if self.agent.style == "http":
+                        key = self._open_key(session)
+                    result = await self._call(session, self.data(sample), key)
+                    return Outcome(session, "ok", result)
+                except Exception as e:  # noqa: BLE001 - the agent's error is contained and counted
+                    if deadline.expired():
+                        raise
+                    return Outcome(session, "error", error=_describe(e))
+        except TimeoutError:
+            return Outcome(session, "timeout", error=f"took longer than rollout.agent_timeout={self.timeout:g} s")
+        finally:
+            session.closed = True
+            if key is not None:
+                self.server.close_episode(key)
+
+    @staticmethod
+    def data(sample: dict) -> dict:
+        """The dataset row an agent gets: every column, and the prompt as chat ``messages``."""
+        columns = dict(sample.get("columns") or {})
+        if not columns:
+            columns = {**sample.get("fields", {}), "prompt": sample.get("prompt"), "answer": sample.get("answer")}
+        return {**columns, "messages": [dict(m) for m in sample["messages"]]}
+
+    def _open_key(self, session: EpisodeSession) -> str:
+        from .endpoint import EndpointServer, LoopHandler  # the HTTP stack loads only for http agents
+
+        if self.server is None:
+            server = EndpointServer()
+            server.start()  # kept only once it listens, so no episode gets a key to a dead server
+            self.server = server
+        return self.server.open_episode(LoopHandler(session, asyncio.get_running_loop()))
+
+    def close(self) -> None:
+        """Stop the HTTP endpoint, if one was started, and close the episodes' event loop (the trainer calls
+        this when the run ends)."""
+        if self.server is not None:
+            server, self.server = self.server, None
+            server.stop()
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            try:
+                self._close_instance(runner)
+            finally:
+                runner.close()
+
+    def _close_instance(self, runner: asyncio.Runner) -> None:
+        """Await the agent instance's ``close()`` (or ``aclose()``), if it has one, on the episodes' loop, so
+        that what it kept (a client, a session) closes where it was opened; a failure there is only reported."""
+        close = getattr(self.instance, "close", None) or getattr(self.instance, "aclose", None)
+        if not callable(close):
+            return
+        try:
+            result = close()
+            if inspect.isawaitable(result):
+                runner.run(asyncio.wait_for(result, 30))
+        except Exception as e:  # noqa: BLE001 - the run is ending; the agent's failure must not hide it
+            _warn(f"rollout.agent {self.agent.path}: its close() failed: {_describe(e)}")
+
+    async def _call(self, session: EpisodeSession, data: dict, key: str | None) -> Any:
+        run = self.instance.run if self.instance is not None else self.agent.target
+        kwargs = {} if self.agent.is_class else dict(self.agent.kwargs)
+        if self.agent.style == "http":
+            kwargs.update(base_url=self.server.base_url, api_key=key)
+            if self.agent.is_async:
+                return await run(data, **kwargs)
+            return await asyncio.to_thread(run, data, **kwargs)
+        if self.agent.is_async:
+            return await run(data, client=AgentClient(session), **kwargs)
+        client = SyncAgentClient(session, asyncio.get_running_loop())
+        return await asyncio.to_thread(run, data, client=client, **kwargs)
+
+    def _notify(self, outcomes: list[Outcome], forced: int) -> None:
+        """Warn once about what the counters cannot say: words the tokenizer cannot spell, refused requests,
+        generation calls that stopped waiting for the episodes."""
+        if forced and not self._warned_wait:
+            self._warned_wait = True
+            _warn(f"rollout.agent {self.agent.path}: {forced} generation call(s) of this rollout stopped waiting for "
+                  f"episodes that sent no request for rollout.agent_batch_wait={self.batch_wait:g} s and sampled the "
+                  "requests queued (counted in agent/batch_wait_timeouts): which requests share a call now depends "
+                  "on timing, so the run is not reproducible. If the agent's tools take that long, raise "
+                  "rollout.agent_batch_wait; if its HTTP client allows fewer connections than it has episodes in "
+                  "flight (httpx.Limits), raise the limit or lower rollout.max_concurrent_rollouts.")
+        sessions = [o.session for o in outcomes]
+        words = set().union(*(s.unknown_words for s in sessions)) - _UNSPELLABLE
+        if words:
+            _UNSPELLABLE.update(words)
+            tools = sorted(words & set().union(*(s.tool_names for s in sessions)))
+            shown = ", ".join(map(repr, sorted(words)[:10])) + (f" and {len(words) - 10} more" if len(words) > 10 else "")
+            named = f" (tool names among them: {', '.join(map(repr, tools))})" if tools else ""
+            _warn(f"rollout.agent {self.agent.path}: the tokenizer cannot spell {shown}{named} in the agent's "
+                          "requests: each reaches the model as the unknown token, the same for every such word, so "
+                          "the model can neither read nor write it. Name tools and their arguments with words the "
+                          "tokenizer knows (builtin:<size>-tools knows the tool calc and its argument expression), "
+                          "or use a pretrained model with its own tokenizer (actor.path).")
+        refused = next((s.first_bad_request for s in sessions if s.first_bad_request), None)
+        if refused and self.agent.path not in _REFUSED:
+            _REFUSED.add(self.agent.path)
+            n = sum(s.counters.bad_requests for s in sessions)
+            _warn(f"rollout.agent {self.agent.path}: the endpoint refused {n} of the agent's requests in this "
+                          f"rollout (counted in agent/bad_requests; nothing of them is sampled or trained); the first: "
+                          f"{refused}")
+
+def _warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def _describe(e: BaseException) -> str:
+    """An exception with the agent's frames of its traceback (the trainer's own frames left out)."""
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if not f.filename.startswith(_PACKAGE)][-4:]
+    where = "".join(traceback.format_list(frames))
+    return f"{where}{type(e).__name__}: {e}".strip()
+
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

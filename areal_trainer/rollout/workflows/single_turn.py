@@ -1,0 +1,49 @@
+"""Workflows turn prompts into trajectories. ``RLVRWorkflow`` is the single-turn workflow with a
+verifiable reward: sample ``gconfig.n_samples`` answers per prompt and score each one.
+
+A workflow (the :class:`~areal_trainer.rollout.types.Workflow` protocol) is built as
+``cls(engine=..., tokenizer=..., reward=..., **rollout.workflow_kwargs)`` and its
+``rollout(samples, gconfig)`` returns one :class:`~areal_trainer.rollout.types.TrajectoryGroup`
+per sample. Rows are built from the engine's per-token policy versions (``Generation.versions``).
+
+Length. A row's prompt plus answer stay within the row limit (``rollout/limits.py``: ``gconfig.max_tokens`` or
+the model's positions, the smaller): each answer has at most ``min(gconfig.max_new_tokens, limit -
+prompt tokens)`` tokens. The engines sample no more; the workflow cuts an answer that is longer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ...model.chat import prompt_ids
+from ..batch import make_row, stack_rows
+from ..limits import capped, engine_positions, new_token_caps
+from ..types import Segment, TrajectoryGroup, answer_segment
+
+
+class RLVRWorkflow:
+    """Single-turn reinforcement learning with verifiable rewards."""
+
+    def __init__(self, *, engine, tokenizer, reward):
+        self.engine, self.tokenizer, self.reward = engine, tokenizer, reward
+
+    def rollout(self, samples: list[dict], gconfig: Any) -> list[TrajectoryGroup]:
+        g = gconfig.n_samples
+        prompts = [prompt_ids(self.tokenizer, s["messages"]) for s in samples]
+        rows = [p for p in prompts for _ in range(g)]
+        caps = new_token_caps([len(p) for p in rows], gconfig, engine_positions(self.engine))
+        gens = capped(self.engine.generate(rows, gconfig), caps)
+        texts = [self.tokenizer.decode(x.output_ids, skip_special_tokens=True) for x in gens]
+        scores = self.reward.score_completions([s for s in samples for _ in range(g)], texts)
+        groups = []
+        for i, p in enumerate(prompts):
+            mine = gens[i * g:(i + 1) * g]
+            tensors = stack_rows([make_row([Segment(p), answer_segment(x)]) for x in mine])
+            tensors["rewards"] = torch.tensor(scores.rewards[i * g:(i + 1) * g], dtype=torch.float32)
+            tensors["is_truncated"] = torch.tensor([x.truncated for x in mine])
+            tensors["num_turns"] = torch.ones(g)
+            groups.append(TrajectoryGroup(tensors, stats=scores.typed(i * g, (i + 1) * g), source_values={
+                name: tuple(v[i * g:(i + 1) * g]) for name, v in scores.values.items()}))
+        return groups
