@@ -2,8 +2,9 @@
 
 Chosen by the key ``parallel.fsdp=true`` (saved with the run's config), with the processes started by
 ``scheduler.type=local``, ``torchrun`` or ``accelerate launch`` (``--use_fsdp --fsdp_version 2`` then
-agrees with the key; a launcher that asks for FSDP2 without it is an error). The data-parallel scheme of ``dist.py`` is unchanged (each rank its own rows, losses divided by the
-*global* normaliser); only the weights, gradients and optimizer state are split over the ranks:
+agrees with the key; a launcher that asks for FSDP2 without it is an error). The data-parallel scheme
+of ``dist.py`` is unchanged (each rank its own rows, losses divided by the *global* normaliser); only
+the weights, gradients and optimizer state are split over the ranks:
 
 * every decoder layer and then the whole model become FSDP2 units; each unit all-gathers its weights
   before its forward and reduce-scatters its gradients after its backward. The reduction is a plain

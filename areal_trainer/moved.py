@@ -52,7 +52,8 @@ MOVED = {_P + old: _P + new for old, new in {
 """Old dotted module name -> new one. (``train.models`` and ``train.sources`` are packages now; their
 contents are in ``models/build.py`` and ``sources/build.py``.)"""
 MOVED_NAMES = {"areal_trainer.rollout.agent_client.AgentClient": "areal_trainer.rollout.agents.client.AgentClient",
-               "areal_trainer.rollout.agent_client.SyncAgentClient": "areal_trainer.rollout.agents.client.SyncAgentClient",
+               "areal_trainer.rollout.agent_client.SyncAgentClient":
+                   "areal_trainer.rollout.agents.client.SyncAgentClient",
                "areal_trainer.rollout.agent_client.template_message": "areal_trainer.model.chat.template_message"}
 """Names that left their module in the move: old ``module.name`` -> new one."""
 

@@ -124,7 +124,8 @@ def part_a(s: dict, args) -> float:
     samples = arith_samples(s["a_prompts"])
     episodes = s["a_prompts"] * s["a_samples"]
     print(f"(a) one rollout call: {s['a_prompts']} prompts x {s['a_samples']} episodes = {episodes} episodes, "
-          f"{args.calls} calls each, {args.latency:.2f} s per tool call, builtin:tiny, {s['a_new']} new tokens per call")
+          f"{args.calls} calls each, {args.latency:.2f} s per tool call, builtin:tiny, {s['a_new']} new tokens "
+          "per call")
     torch.manual_seed(0)
     rollout_call(engine, tok, samples, g, calls=1, latency=0.0, max_concurrent=None)  # warm-up, not timed
     head = f"  {'episodes':<11} | {'in flight':>9} | {'seconds':>7} | {'episodes/s':>10} | {'engine calls':>12} | " \
@@ -207,8 +208,8 @@ def cli_run(name: str, eta: int, overrides: list[str], warmup: int, tmp: str, pa
 def part_b(s: dict, args) -> float | None:
     runs = settings(s)
     print(f"\n(b) training, python -m areal_trainer: {s['b_model']} (random weights), {s['b_prompts']} prompts x "
-          f"{s['b_samples']} episodes per step, {args.calls} calls each ({s['b_new']} new tokens), {args.latency:.2f} s "
-          f"per tool call; medians of {s['b_steps']} steps after {s['b_warmup']}; overrides: "
+          f"{s['b_samples']} episodes per step, {args.calls} calls each ({s['b_new']} new tokens), "
+          f"{args.latency:.2f} s per tool call; medians of {s['b_steps']} steps after {s['b_warmup']}; overrides: "
           f"{' '.join(args.overrides) or '-'}")
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench_agents_") as tmp:
@@ -233,12 +234,13 @@ def part_b(s: dict, args) -> float | None:
     if best is None:
         return None
     if best["oldest_lag"] < 2:
-        print(f"  eta=2 trained nothing older than {best['oldest_lag']:.0f} version(s): each rollout call admits at most "
-              f"rollout.max_concurrent_rollouts groups and lasts as long as its slowest "
+        print(f"  eta=2 trained nothing older than {best['oldest_lag']:.0f} version(s): each rollout call admits "
+              f"at most rollout.max_concurrent_rollouts groups and lasts as long as its slowest "
               f"episode ({args.calls} x {args.latency:g} s of tools plus generation), so the rollout thread, not eta, "
               "sets the pace")
     ratio = best["steps_per_s"] / base["steps_per_s"]
-    print(f"  eta=2 / sync: {ratio:.2f}x steps/s (target >= {ETA_TARGET:g}x: {'met' if ratio >= ETA_TARGET else 'MISSED'})")
+    print(f"  eta=2 / sync: {ratio:.2f}x steps/s (target >= {ETA_TARGET:g}x: "
+          f"{'met' if ratio >= ETA_TARGET else 'MISSED'})")
     return ratio
 
 
@@ -302,7 +304,8 @@ def main() -> None:
 
     print(f"bench_agents {datetime.datetime.now().isoformat(timespec='seconds')}, commit {commit()}, "
           f"torch {torch.__version__}, {os.cpu_count()} CPUs, {torch.get_num_threads()} threads")
-    print(f"settings: latency {args.latency:g} s, {args.calls} calls per episode, {'quick' if args.quick else 'default'}"
+    print(f"settings: latency {args.latency:g} s, {args.calls} calls per episode, "
+          f"{'quick' if args.quick else 'default'}"
           f" sizes: " + ", ".join(f"{k}={v}" for k, v in s.items()))
     if args.quick:
         print("quick sizes: a smoke run; the targets are for the default sizes")

@@ -82,7 +82,8 @@ def main() -> None:
             r = rows[-1]
             print(f"  eta={eta}: {r['step_s']:.2f} s/step ({r['process_s']:.0f} s in all)", flush=True)
     base = next((r for r in rows if r["eta"] == 0), rows[0])
-    print("  eta | steps/s | vs sync | s/step | overlap | trainer idle | generator idle | staleness (share of tokens 0,1,2,...)")
+    print("  eta | steps/s | vs sync | s/step | overlap | trainer idle | generator idle | "
+          "staleness (share of tokens 0,1,2,...)")
     for r in rows:
         dist = " ".join(f"{d}:{v:.2f}" for d, v in r["staleness"].items())
         print(f"  {r['eta']:3d} | {r['steps_per_s']:7.3f} | {r['steps_per_s'] / base['steps_per_s']:6.2f}x | "

@@ -125,7 +125,8 @@ def measure(workload: str, model: str, backend: str, steps: int, threads: int | 
         rows.append({"generate": clock["generate"], "gen_tok_s": clock["gen_tokens"] / clock["generate"],
                      "logprobs": m["time/logprobs"], "update": m["time/update"] - clock["sync"], "sync": clock["sync"],
                      "step": m["time/step"], "tok_s": tokens / m["time/step"], "gen_tokens": clock["gen_tokens"],
-                     "prompt_len": clock["prompt_tokens"] / clock["prompts"], "cached": clock["cached"] / clock["prompt_tokens"]})
+                     "prompt_len": clock["prompt_tokens"] / clock["prompts"],
+                     "cached": clock["cached"] / clock["prompt_tokens"]})
     if hasattr(engine, "close"):
         engine.close()
     timed = rows[1:]  # the first step warms up caches and kernels
@@ -142,15 +143,16 @@ def run_child(workload: str, model: str, backend: str, args) -> dict | None:
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
-        print(f"  {workload} / {model} / {backend} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}", file=sys.stderr)
+        print(f"  {workload} / {model} / {backend} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}",
+              file=sys.stderr)
         return None
     return json.loads(lines[-1][len("RESULT "):])
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--models", default=None, help="comma-separated actor.path values (default: built-in tiny and small, "
-                   "plus a Qwen2.5-0.5B-shaped model with CUDA)")
+    p.add_argument("--models", default=None, help="comma-separated actor.path values (default: built-in tiny and "
+                   "small, plus a Qwen2.5-0.5B-shaped model with CUDA)")
     p.add_argument("--backends", default="hf,vllm")
     p.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated, of {sorted(WORKLOADS)}")
     p.add_argument("--steps", type=int, default=3)

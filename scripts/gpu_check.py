@@ -101,7 +101,8 @@ def run_setting(args, eta: int, model_dir: str, n_params: int, tmp: str, shared:
     flops = peak_flops()
     return {
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "steps": len(records),
-        "step_time_s": mean("time/step"), "rollout_time_s": mean("time/rollout"), "logprob_time_s": mean("time/logprobs"),
+        "step_time_s": mean("time/step"), "rollout_time_s": mean("time/rollout"),
+        "logprob_time_s": mean("time/logprobs"),
         "update_time_s": mean("time/update"), "tokens_per_s": mean("perf/tokens_per_s"),
         "generated_tokens_per_s": trained_tokens / max(mean("time/rollout"), 1e-9),
         "update_tokens_per_s": seq_tokens / mean("time/update"),
@@ -135,7 +136,8 @@ def main() -> int:
         unshared = run_setting(args, 0, model_dir, n_params, tmp, shared=False) if args.unshared else None
     first = next(iter(runs.values()))
     result = {"date": time.strftime("%Y-%m-%d"), "device": first["device"], "shape": args.shape, "parameters": n_params,
-              "lora": args.lora, "prompts": args.prompts, "samples": args.samples, "max_new_tokens": args.max_new_tokens,
+              "lora": args.lora, "prompts": args.prompts, "samples": args.samples,
+              "max_new_tokens": args.max_new_tokens,
               **{k: v for k, v in first.items() if k != "device"},  # the first setting (synchronous by default)
               "settings": runs, "wall_s": time.time() - t0}
     if unshared is not None:  # the synchronous setting with every row computed in full

@@ -2,12 +2,13 @@
 
 Layers, bottom to top (docs/architecture.md): small utilities (``errors``, ``dtypes``, ``metrics``,
 ``faults``, then ``plugins``); the pure maths (``loss``, which imports nothing of the package but
-``errors``, then ``advantage``, which imports only the loss and ``errors``); ``config``; the parallelism helpers (``fsdp``, then ``dist``); ``model``; the
-peers ``data``, ``reward``, ``rollout``, ``tracking``, which do not import each other; ``components``,
-which binds a configuration to everything below; ``train``, the only orchestrator; ``launch``; the entry
-point. A module may import from its own unit and from units below it. Imports inside functions count
-too (a lazy import is still a dependency). Inside ``rollout`` and ``train`` the subsystems (engines,
-workflows, agents) keep to their side too (``SUBSYSTEMS``).
+``errors``, then ``advantage``, which imports only the loss and ``errors``); ``config``; the parallelism
+helpers (``fsdp``, then ``dist``); ``model``; the peers ``data``, ``reward``, ``rollout``, ``tracking``,
+which do not import each other; ``components``, which binds a configuration to everything below;
+``train``, the only orchestrator; ``launch``; the entry point. A module may import from its own unit and
+from units below it. Imports inside functions count too (a lazy import is still a dependency). Inside
+``rollout`` and ``train`` the subsystems (engines, workflows, agents) keep to their side too
+(``SUBSYSTEMS``).
 
 Below ``components`` nothing imports ``config``: those modules are handed what they need (values,
 bound settings, or a config section passed in), so a setting has one reader, the binding.
@@ -21,9 +22,9 @@ import os
 import pytest
 
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "areal_trainer")
-LAYERS = [("errors", "dtypes", "metrics", "faults", "moved"), ("plugins",), ("loss",), ("advantage",), ("config",), ("fsdp",), ("dist",),
-          ("model",), ("data", "reward", "rollout", "tracking"), ("components",), ("train",), ("launch",),
-          ("__main__", "__init__")]
+LAYERS = [("errors", "dtypes", "metrics", "faults", "moved"), ("plugins",), ("loss",), ("advantage",), ("config",),
+          ("fsdp",), ("dist",), ("model",), ("data", "reward", "rollout", "tracking"), ("components",), ("train",),
+          ("launch",), ("__main__", "__init__")]
 HANDED_CONFIG = {u for units in LAYERS[:LAYERS.index(("components",))] for u in units} - {"config"}
 """The units below ``components``: they never import ``config``."""
 RANK = {unit: i for i, units in enumerate(LAYERS) for unit in units}
@@ -59,7 +60,8 @@ def imports(name: str, path: str) -> set[str]:
                 continue
             found.update(n for n in names if n)
         elif isinstance(node, ast.Import):
-            found.update(a.name.removeprefix("areal_trainer.") for a in node.names if a.name.startswith("areal_trainer."))
+            found.update(a.name.removeprefix("areal_trainer.") for a in node.names
+                         if a.name.startswith("areal_trainer."))
     return found
 
 

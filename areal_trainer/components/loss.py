@@ -176,7 +176,8 @@ def _checked_surrogate(fn: Callable, label: str) -> Callable:
             _fail(label, f"must return SurrogateResult(token_loss, stats); got {type(out).__name__}.")
         token_loss, stats = out
         if tuple(token_loss.shape) != tuple(x.ratio.shape):
-            _fail(label, f"token_loss has shape {tuple(token_loss.shape)}; expected {tuple(x.ratio.shape)} like the ratio.")
+            _fail(label, f"token_loss has shape {tuple(token_loss.shape)}; expected {tuple(x.ratio.shape)} "
+                         "like the ratio.")
         _check_gradient(label, "token_loss", token_loss, x.logprobs)
         if not bool(torch.isfinite(torch.where(x.mask, token_loss.detach(), 0.0)).all()):
             _fail(label, "token_loss has NaN or inf on loss tokens.")

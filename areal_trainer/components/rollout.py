@@ -65,8 +65,8 @@ def _engine(cfg, problems: list[str]) -> EngineSpec | None:
     lagged = r.max_head_offpolicyness > 0 and r.offpolicy_mode == "lagged"
     if lagged and r.lagged_switch_prob > 0 and not spec.can_switch_mid_call:
         problems.append(f"rollout.lagged_switch_prob > 0 needs a backend that can switch weights inside a generation "
-                        f"call, which rollout.backend={name} cannot. Use rollout.backend={_able('can_switch_mid_call')} "
-                        "or rollout.lagged_switch_prob=0.")
+                        f"call, which rollout.backend={name} cannot. Use "
+                        f"rollout.backend={_able('can_switch_mid_call')} or rollout.lagged_switch_prob=0.")
     return spec
 
 

@@ -109,9 +109,9 @@ def _named(wanted: str, reward: RewardSpec, names: list[str], single: bool, what
         problems.append(f"evaluator.verifier: {wanted!r} names {len(matches)} functions of reward.fn; give the import "
                         "path of one of them.")
     elif wanted in ("reward_model", "remote", (reward.model or {}).get("path"), (reward.remote or {}).get("url")):
-        problems.append(f"evaluator.verifier: got {wanted!r}, a reward model or scoring service; its score says how good "
-                        "an answer is, not whether it is right, so it is never a verifier. Name a function of reward.fn "
-                        f"({paths}) or set {NONE}.")
+        problems.append(f"evaluator.verifier: got {wanted!r}, a reward model or scoring service; its score says "
+                        "how good an answer is, not whether it is right, so it is never a verifier. Name a function "
+                        f"of reward.fn ({paths}) or set {NONE}.")
     else:
         problems.append(f"evaluator.verifier: got {wanted!r}, which is none of reward.fn's functions ({paths}); give "
                         f"one of them by import path or name, {NONE} (no accuracy), or null (auto).")

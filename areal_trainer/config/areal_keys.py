@@ -84,7 +84,8 @@ def duplicate_key_warnings(cfg) -> list[str]:
     if abs(a.temperature - g.temperature) > 1e-9 and not g.greedy:
         w.append(f"actor.temperature={a.temperature} differs from gconfig.temperature={g.temperature}: "
                  "the training log-probabilities then do not match the sampling policy.")
-    if a.max_new_tokens != g.max_new_tokens and (a.overlong_reward_penalty or a.loss_agg_mode == "seq-mean-token-sum-norm"):
+    if a.max_new_tokens != g.max_new_tokens and (a.overlong_reward_penalty
+                                                 or a.loss_agg_mode == "seq-mean-token-sum-norm"):
         w.append(f"actor.max_new_tokens={a.max_new_tokens} differs from gconfig.max_new_tokens="
                  f"{g.max_new_tokens}; set actor.max_new_tokens=${{gconfig.max_new_tokens}}.")
     return w

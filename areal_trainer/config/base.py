@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from ..errors import ConfigError, integer_at_least, is_integer, is_number, one_of, suggest
 
-__all__ = ["Checked", "ConfigError", "at_least_one", "fraction", "integer_at_least", "is_integer", "is_number", "one_of",
-           "suggest"]
+__all__ = ["Checked", "ConfigError", "at_least_one", "fraction", "integer_at_least", "is_integer", "is_number",
+           "one_of", "suggest"]
 
 
 class Checked:

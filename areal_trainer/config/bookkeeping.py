@@ -73,7 +73,8 @@ class RecoverConfig(_Freq):
 
 @dataclass
 class WandbConfig(Checked):
-    """Weights & Biases logging of the metrics (``wandb.init`` settings); the run is named <experiment_name>/<trial_name>."""
+    """Weights & Biases logging of the metrics (``wandb.init`` settings); the run is named
+    <experiment_name>/<trial_name>."""
 
     mode: str = "offline"
     """``offline`` (default; never touches the network), ``online``, or ``disabled``."""

@@ -99,8 +99,8 @@ class DatasetConfig(Checked):
             if unknown:
                 p.append(f"{key}.prompt_template: got {t!r}, with the unknown placeholder{'s' * (len(unknown) > 1)} "
                          f"{', '.join('{' + f + '}' for f in unknown)}; only {{question}} is filled in. Write literal "
-                         f"braces doubled ({{{{ and }}}}, e.g. \\boxed{{{{}}}}), or put such text in {key}.prompt_suffix, "
-                         "which is used verbatim.")
+                         f"braces doubled ({{{{ and }}}}, e.g. \\boxed{{{{}}}}), or put such text in "
+                         f"{key}.prompt_suffix, which is used verbatim.")
         if isinstance(self.system_prompt, str):
             s = self.system_prompt
             fields, err = _placeholders(s)

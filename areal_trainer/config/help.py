@@ -129,7 +129,8 @@ def key_help(dotted: str, width: int = 100) -> str:
     dotted = dotted.lstrip("+")
     if dotted in CONFIG_GROUPS:
         return "\n".join(_wrap(f"{dotted}: a config group (conf/{dotted}/), chosen with {dotted}=NAME (+{dotted}=NAME "
-                               f"when the config selects none); NAME is one of: {', '.join(_choices(dotted))}.", 0, width))
+                               "when the config selects none); NAME is one of: "
+                               f"{', '.join(_choices(dotted))}.", 0, width))
     if dotted.split(".")[0] == "hydra":
         return f"{dotted}: one of Hydra's own settings; see `{PROG} --hydra-help`."
     key = lookup(dotted) if dotted else None

@@ -95,7 +95,8 @@ def _type_problem(key: str, tp: Any, value: Any) -> str | None:
     if inner is bool:
         ok = isinstance(value, bool) or (isinstance(value, str) and value.lower() in _BOOL_WORDS)
     elif inner is int:
-        ok = (isinstance(value, int) and not isinstance(value, bool)) or (isinstance(value, float) and value.is_integer())
+        ok = ((isinstance(value, int) and not isinstance(value, bool))
+              or (isinstance(value, float) and value.is_integer()))
     elif inner is float:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
     elif inner is str:

@@ -154,7 +154,8 @@ class StageConfig(Checked):
     def check(self, key: str) -> list[str]:
         p = []
         if not isinstance(self.implementation, str) or not self.implementation:
-            p.append(f"{key}.implementation: got {self.implementation!r}; give a built-in name or 'package.module.function'.")
+            p.append(f"{key}.implementation: got {self.implementation!r}; give a built-in name or "
+                     "'package.module.function'.")
         return p + _json_problems(f"{key}.kwargs", self.kwargs)
 
 
@@ -192,8 +193,8 @@ class AdvantageConfig(Checked):
                          f"and cannot be combined with stage entries ({', '.join(used)}); set them to null.")
         proc = self.process_adv_shaping
         if proc is not None and proc.implementation == "auto" and proc.kwargs:
-            p.append(f"{key}.process_adv_shaping.kwargs: implementation 'auto' takes no kwargs (got {dict(proc.kwargs)}); "
-                     "name the implementation (e.g. gvpo) to pass kwargs.")
+            p.append(f"{key}.process_adv_shaping.kwargs: implementation 'auto' takes no kwargs "
+                     f"(got {dict(proc.kwargs)}); name the implementation (e.g. gvpo) to pass kwargs.")
         return p
 
 
@@ -260,11 +261,13 @@ class TrainEngineConfig(Checked):
         if not isinstance(self.path, str) or not self.path:
             p.append(f"{key}.path: got {self.path!r}; give a HF model id, a local directory or builtin:tiny.")
         if not is_number(self.temperature) or self.temperature <= 0:
-            p.append(f"{key}.temperature: got {self.temperature!r}; must be > 0 (use gconfig.greedy for greedy decoding).")
+            p.append(f"{key}.temperature: got {self.temperature!r}; must be > 0 "
+                     "(use gconfig.greedy for greedy decoding).")
         return p + self._lora_problems(key)
 
     def _lora_problems(self, key: str) -> list[str]:
-        p = one_of(f"{key}.peft_type", self.peft_type, PEFT_TYPES, "Only LoRA is implemented (peft's other methods are not).")
+        p = one_of(f"{key}.peft_type", self.peft_type, PEFT_TYPES,
+                   "Only LoRA is implemented (peft's other methods are not).")
         p += at_least_one(f"{key}.lora_rank", self.lora_rank)
         if not is_number(self.lora_alpha) or self.lora_alpha <= 0:
             p.append(f"{key}.lora_alpha: got {self.lora_alpha!r}; must be > 0.")

@@ -23,8 +23,9 @@ def _teacher_warnings(cfg: TrainerConfig) -> list[str]:
     for key, path in cfg.teacher.model_paths():
         if isinstance(path, str) and path.startswith("builtin:"):
             w.append(f"{key}={path!r} is the built-in model untrained (random weights, without the student's warm "
-                     "start or any RL): distilling from it unlearns the task. Give a trained checkpoint as the teacher, "
-                     f"e.g. {key}=outputs/<experiment>/<trial>/checkpoints/step_<N> of a run on the same task.")
+                     "start or any RL): distilling from it unlearns the task. Give a trained checkpoint as the "
+                     f"teacher, e.g. {key}=outputs/<experiment>/<trial>/checkpoints/step_<N> of a run on the same "
+                     "task.")
         elif path == cfg.actor.path:
             w.append(f"{key}={path!r} is the student's own starting model (actor.path): distilling from it only pulls "
                      f"the student back to where it began. Give a stronger model with the same tokenizer.")
@@ -58,7 +59,8 @@ def _singleton_group_problems(cfg: TrainerConfig) -> tuple[list[str], list[str]]
                      f"over the batch ({fix}).")
         elif norm.mean_level == "group":
             w.append(f"gconfig.n_samples=1 with actor.{name}.mean_level=group: each answer's advantages are centred "
-                     f"by their own mean, which removes the answer's overall advantage; set gconfig.n_samples>=2 or {fix}.")
+                     "by their own mean, which removes the answer's overall advantage; set gconfig.n_samples>=2 "
+                     f"or {fix}.")
         else:
             w.append(f"gconfig.n_samples=1 with actor.{name}.std_level=group: the std of a group of one answer is "
                      f"taken as 1, so the group scaling does nothing; set gconfig.n_samples>=2 or {fix}.")
@@ -88,7 +90,8 @@ def _builtin_model_problems(cfg: TrainerConfig) -> list[str]:
         return []
     on = " and ".join(f"{k}.path={v!r}" for k, v in data) + (" are" if len(data) > 1 else " is")
     fixes = ["actor.path to a pretrained model (e.g. actor.path=HuggingFaceTB/SmolLM2-135M-Instruct, "
-             "actor.path=smollm2 for the packaged offline copy, or a local Hugging Face model directory)"] if model else []
+             "actor.path=smollm2 for the packaged offline copy, or a local Hugging Face model "
+             "directory)"] if model else []
     if tokenizer and cfg.tokenizer_path is not None:
         fixes.append("tokenizer_path=null (the tokenizer of actor.path)")
     fix = (f"Set {' and '.join(fixes)}, or set allow_builtin_model_on_any_data=true to run it anyway "

@@ -107,7 +107,8 @@ class RolloutConfig(Checked):
         p = one_of(f"{key}.agent_export", self.agent_export, ("individual", "concat"))
         p += one_of(f"{key}.agent_batching", self.agent_batching, ("episodes", "eager"))
         if self.agent_batch_wait is not None and not (is_number(self.agent_batch_wait) and self.agent_batch_wait > 0):
-            p.append(f"{key}.agent_batch_wait: got {self.agent_batch_wait!r}; must be > 0 seconds, or null for no limit.")
+            p.append(f"{key}.agent_batch_wait: got {self.agent_batch_wait!r}; must be > 0 seconds, "
+                     "or null for no limit.")
         if self.agent_timeout is not None and not (is_number(self.agent_timeout) and self.agent_timeout > 0):
             p.append(f"{key}.agent_timeout: got {self.agent_timeout!r}; must be > 0 seconds, or null for no limit.")
         if not (is_number(self.turn_discount) and 0 < self.turn_discount <= 1):

@@ -39,7 +39,8 @@ class GenerationHyperparameters(Checked):
         p = [x for name in ("n_samples", "max_new_tokens", "max_tokens")
              for x in at_least_one(f"{key}.{name}", getattr(self, name))]
         if not 0 <= self.min_new_tokens <= self.max_new_tokens:
-            p.append(f"{key}.min_new_tokens: got {self.min_new_tokens}; must be in [0, max_new_tokens={self.max_new_tokens}].")
+            p.append(f"{key}.min_new_tokens: got {self.min_new_tokens}; must be in "
+                     f"[0, max_new_tokens={self.max_new_tokens}].")
         if not 0 < self.top_p <= 1:
             p.append(f"{key}.top_p: got {self.top_p}; must be in (0, 1].")
         if self.top_k < 0:

@@ -16,9 +16,10 @@ Row shapes (TRL's dataset formats, and GSM8K's):
 other column is passed through: a sample is ``{"messages", "prompt", "answer", "fields", "row"}``,
 where ``prompt`` is the row's own prompt (text or messages), ``answer`` its answer column (or None),
 ``fields`` every column but the prompt by name (the answer column too, unless it is named ``answer``:
-with ``answer_key=solution`` a reward gets both ``answer`` and ``solution``), ``row`` where it came from. Rewards and agents receive the row's
-own prompt and columns, never the rendered chat text. A column value of the wrong kind (a list in a text
-column, a number as a prompt) is an error naming the column and the row, never stringified.
+with ``answer_key=solution`` a reward gets both ``answer`` and ``solution``), ``row`` where it came from.
+Rewards and agents receive the row's own prompt and columns, never the rendered chat text. A column value
+of the wrong kind (a list in a text column, a number as a prompt) is an error naming the column and the
+row, never stringified.
 
 Length. A prompt that leaves no room for one answer token within the row limit (``model/limits.py``:
 ``gconfig.max_tokens`` or the model's positions, the smaller), counted as the engine sees it (rendered by

@@ -56,7 +56,8 @@ def read_files(files: list[str], key: str) -> list[Row]:
     for f in files:
         ext = os.path.splitext(f)[1].lower()
         if ext not in FORMATS:
-            raise UserError(f"{key}: {f!r} has an unknown extension; use {', '.join(FORMATS)} (or a directory of them).")
+            raise UserError(f"{key}: {f!r} has an unknown extension; use {', '.join(FORMATS)} "
+                            "(or a directory of them).")
         got = _read_json(f, key) if ext in (".jsonl", ".json") else _read_table(f, ext, key)
         if not got:
             raise UserError(f"{key}: {f!r} holds no rows (an empty file?).")
@@ -84,7 +85,8 @@ def _read_json(path: str, key: str) -> list[Row]:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as e:
-            raise UserError(f"{key}: {path!r} is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}.") from None
+            raise UserError(f"{key}: {path!r} is not valid JSON: {e.msg} at line {e.lineno}, "
+                            f"column {e.colno}.") from None
         return [_object(r, f"element {i + 1} of {name!r}", key) for i, r in enumerate(data)]
     rows = []
     for n, line in enumerate(text.splitlines(), 1):

@@ -36,8 +36,8 @@ def run_length(epochs: int, max_steps: int | None, per_epoch: int, n: int, batch
         return (min(total, max_steps) if max_steps else total), None
     needed = math.ceil(max_steps / per_epoch)
     return total, (f"total_train_steps={max_steps} is more than total_train_epochs={epochs} allows: {per_epoch} "
-                   f"steps per epoch ({n} prompts, {batch_size} per step) x {epochs} epoch{'s' * (epochs != 1)}, so the "
-                   f"run stops at step {total}. Set total_train_epochs={needed} to run all {max_steps} steps.")
+                   f"steps per epoch ({n} prompts, {batch_size} per step) x {epochs} epoch{'s' * (epochs != 1)}, "
+                   f"so the run stops at step {total}. Set total_train_epochs={needed} to run all {max_steps} steps.")
 
 
 class PromptLoader:

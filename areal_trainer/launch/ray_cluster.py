@@ -20,7 +20,8 @@ def _import_ray():
     try:
         import ray
     except ImportError:
-        raise UserError("scheduler.type=ray needs the 'ray' package: pip install -e '.[ray]' (or pip install ray).") from None
+        raise UserError("scheduler.type=ray needs the 'ray' package: pip install -e '.[ray]' "
+                        "(or pip install ray).") from None
     return ray
 
 

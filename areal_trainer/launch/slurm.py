@@ -63,7 +63,8 @@ def submit_slurm(cmd: list[str], cfg, *, nprocs: int, run_dir: str) -> None:
     import submitit
 
     folder = os.path.join(run_dir, "slurm")
-    executor = submitit.AutoExecutor(folder=folder, cluster="local" if cfg.scheduler.slurm_executor == "local" else None)
+    executor = submitit.AutoExecutor(folder=folder,
+                                     cluster="local" if cfg.scheduler.slurm_executor == "local" else None)
     params = slurm_parameters(cfg, nprocs=nprocs)
     if executor.cluster == "local":
         import torch

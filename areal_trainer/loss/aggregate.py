@@ -65,7 +65,8 @@ Normalizer = torch.Tensor | float | int
 def aggregation_problems(key: str, *, loss_agg_mode: str, max_new_tokens: int | None) -> list[str]:
     """``seq-mean-token-sum-norm`` divides by the length budget, which must be positive."""
     if loss_agg_mode == "seq-mean-token-sum-norm" and not (max_new_tokens or 0) > 0:
-        return [f"{key}.loss_agg_mode='seq-mean-token-sum-norm' needs {key}.max_new_tokens > 0; got {max_new_tokens!r}."]
+        return [f"{key}.loss_agg_mode='seq-mean-token-sum-norm' needs {key}.max_new_tokens > 0; "
+                f"got {max_new_tokens!r}."]
     return []
 
 

@@ -7,7 +7,8 @@ The two forms, told apart by signature once, at start-up (``style="auto"``):
    sample. It must take three positional parameters.
 2. **batched** (TRL's form): ``fn(prompts, completions, **columns) -> list[float | None]``, called
    once per batch (or chunk of one) with keyword lists ``prompts``, ``completions``, ``answer`` (when
-   the rows have answers, or the function names it) and one per row column. A function is batched when it has a parameter named ``completions`` or ``prompts``.
+   the rows have answers, or the function names it) and one per row column. A function is batched when
+   it has a parameter named ``completions`` or ``prompts``.
 
 Row columns are passed only as far as the function takes them by name (all of them when it has
 ``**kwargs``), so a dataset may carry columns a function ignores. A parameter without a default that no

@@ -74,7 +74,8 @@ def _classifier_problems(path: str, key: str, config: dict) -> list[str]:
     n = num_labels(config)
     if n != 1:
         return [f"{key}: {path!r} has num_labels={n}; a reward model outputs one score (num_labels=1). Give a "
-                f"reward model trained with num_labels=1: the {n} logits of a classifier are class scores, not a reward."]
+                f"reward model trained with num_labels=1: the {n} logits of a classifier are class scores, "
+                "not a reward."]
     return []
 
 

@@ -80,7 +80,8 @@ class RemoteReward:
             raise ValueError(problems[0])
         if not timeout > 0 or retries < 0 or backoff < 0 or max_concurrent < 1 or batch_size < 1:
             raise ValueError(f"RemoteReward needs timeout > 0, retries >= 0, backoff >= 0, max_concurrent >= 1 "
-                             f"and batch_size >= 1; got {timeout}, {retries}, {backoff}, {max_concurrent}, {batch_size}")
+                             f"and batch_size >= 1; got {timeout}, {retries}, {backoff}, {max_concurrent}, "
+                             f"{batch_size}")
         self.url, self.timeout, self.retries, self.backoff = url, float(timeout), int(retries), float(backoff)
         self.max_concurrent, self.batch_size, self.name, self.label = max_concurrent, batch_size, name, url
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
@@ -89,7 +90,8 @@ class RemoteReward:
         """One reward (a float, or None) per sample, in order; raises :class:`UserError` when the
         service fails a batch after the retries."""
         if self._executor is None:
-            self._executor = concurrent.futures.ThreadPoolExecutor(self.max_concurrent, thread_name_prefix="areal-remote")
+            self._executor = concurrent.futures.ThreadPoolExecutor(self.max_concurrent,
+                                                                   thread_name_prefix="areal-remote")
         # The semaphore belongs to this call's event loop (each synchronous score() may run a new one).
         slots = asyncio.Semaphore(self.max_concurrent)
         batches = [samples[i:i + self.batch_size] for i in range(0, len(samples), self.batch_size)]

@@ -112,7 +112,8 @@ _DENY = {
         "EAGAIN": [56, 57, 58],  # clone, fork, vfork
         "ENOSYS": [435],  # clone3: libc then falls back to clone
         "EACCES": [41, 53],  # socket, socketpair
-        "EPERM": [59, 322, 425, 424, 129, 297, 101, 310, 311, 438,  # execve(at), io_uring, signals, ptrace, vm, pidfd_getfd
+        # execve(at), io_uring, signals, ptrace, vm, pidfd_getfd
+        "EPERM": [59, 322, 425, 424, 129, 297, 101, 310, 311, 438,
                   169, 246, 320, 175, 313, 176, 165, 166, 155, 161, 167, 168, 308, 272, 321, 298,
                   164, 227, 305, 159, 170, 171, 163, 172, 173, 428, 429, 430, 431, 432, 433, 442],
     },

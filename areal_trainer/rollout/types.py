@@ -95,7 +95,8 @@ class TrajectoryGroup:
     * per row ``[G]``: ``rewards`` (float), ``is_truncated`` (bool), optionally ``num_turns``.
 
     ``stats`` are this group's reward metrics (``reward/errors``, ``reward/timeouts``, ... and each
-    source's mean; ``RewardScores.typed``), combined over the groups of a step by their reductions. ``prompt_id`` is the prompt's dataset row, set by the trainer's rollout source.
+    source's mean; ``RewardScores.typed``), combined over the groups of a step by their reductions.
+    ``prompt_id`` is the prompt's dataset row, set by the trainer's rollout source.
     ``episode_rows`` / ``episode_rewards`` say which rows belong to one episode (agents' per-call rows).
 
     Read access by key (``group["rewards"]``) goes to ``tensors``, so a dynamic filter sees the

@@ -63,8 +63,8 @@ class Trainer:
         self.dist, device = init_distributed(cfg.device, fsdp=cfg.parallel.fsdp)
         self.device = device or resolve_device(cfg.device)
         if cfg.train_dataset.batch_size % self.dist.world_size:
-            raise UserError(f"train_dataset.batch_size={cfg.train_dataset.batch_size} (prompts per step, global) must be "
-                            f"divisible by the {self.dist.world_size} processes.")
+            raise UserError(f"train_dataset.batch_size={cfg.train_dataset.batch_size} (prompts per step, global) "
+                            f"must be divisible by the {self.dist.world_size} processes.")
         self.resume_from = resume_from
         self.tokenizer = load_tokenizer(cfg.tokenizer_path or cfg.actor.path,
                                         key="tokenizer_path" if cfg.tokenizer_path else "actor.path")
@@ -77,7 +77,8 @@ class Trainer:
             valid, self.tokenizer, "valid_dataset", RowLimit.of(cfg.eval_gconfig, "eval_gconfig", positions))
         distill = components.distill
         if distill is not None:  # the teachers' vocabularies and routes, before any weights load
-            check_teachers(distill, self.tokenizer, student_key="tokenizer_path" if cfg.tokenizer_path else "actor.path",
+            check_teachers(distill, self.tokenizer,
+                           student_key="tokenizer_path" if cfg.tokenizer_path else "actor.path",
                            student_path=cfg.tokenizer_path or cfg.actor.path, samples=self.train_samples)
         self.preflight = preflight(components, self.tokenizer, self.train_samples, self.valid_samples,
                                    resuming=bool(resume_from), main=self.dist.is_main)  # before any weights load
@@ -206,7 +207,8 @@ class Trainer:
             self.source.load_state_dict(source, self.version)
         except (ValueError, KeyError) as e:
             raise UserError(f"{self.resume_from} was written by a run with other rollout settings ({e}); resume it "
-                            "with the rollout.max_head_offpolicyness and rollout.offpolicy_mode it was started with.") from None
+                            "with the rollout.max_head_offpolicyness and rollout.offpolicy_mode it was started "
+                            "with.") from None
         if self.critic is not None:
             self.critic.load_state_dict(state)
         ckpt.set_rng_state(state["rng"][self.dist.rank] if isinstance(state["rng"], list) else state["rng"])
@@ -219,7 +221,8 @@ class Trainer:
             models["critic"] = self.critic.saved
             state.update(self.critic.state_dict())
         if self.reference is not None and self.reference.model is not None:
-            models["ref"] = self.reference.model  # the policy as RL began; not reloadable from a path after a warm start
+            # the policy as RL began; not reloadable from a path after a warm start
+            models["ref"] = self.reference.model
         rng = self.dist.gather_objects(ckpt.rng_state())
         # Sharded models (a LoRA checkpoint's: its ``module``) are saved from their full weights (collective).
         sharded = {k: getattr(m, "module", m) for k, m in models.items()}

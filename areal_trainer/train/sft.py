@@ -170,8 +170,8 @@ def sft_batch(samples: list[dict], tokenizer) -> dict[str, torch.Tensor]:
             continue
         target = demonstration(s)
         if not isinstance(target, str):
-            raise UserError(f"sft_warmup: {s['row']} has no reference answer to imitate (train_dataset.answer_key, or a "
-                            "'demonstration' column); set sft_warmup.steps=0 for data without answers.")
+            raise UserError(f"sft_warmup: {s['row']} has no reference answer to imitate (train_dataset.answer_key, "
+                            "or a 'demonstration' column); set sft_warmup.steps=0 for data without answers.")
         answer = tokenizer(target, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
         rows.append(make_row([Segment(prompt_ids(tokenizer, s["messages"])),
                               Segment(answer, True, [0.0] * len(answer), [0] * len(answer), 0)]))

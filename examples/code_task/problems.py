@@ -28,7 +28,8 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-INSTRUCTION = "Write a Python function `{signature}` that {description}. Answer with the function in a ```python code block."
+INSTRUCTION = ("Write a Python function `{signature}` that {description}. Answer with the function in a ```python "
+               "code block.")
 WORDS = ("ab", "cat", "xy", "hello", "z", "go", "red", "moon")
 
 

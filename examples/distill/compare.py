@@ -100,11 +100,12 @@ def table(arms: dict[str, list[dict]], teacher: tuple[int, float]) -> str:
         lines.append(f"| {NAMES.get(arm, arm)} | {change:+.1f} | {secs:.1f} | {secs / last:.2f} | "
                      f"{_mean([r['teacher_s'] for r in rs]):.2f} |")
     lines += kl_table(arms, steps)
-    lines += ["", "**Every run**", "", "| arm | seed | before | after | training time (s) |", "| --- | --- | --- | --- | --- |"]
+    lines += ["", "**Every run**", "", "| arm | seed | before | after | training time (s) |",
+              "| --- | --- | --- | --- | --- |"]
     for arm, rs in arms.items():
         for r in rs:
-            lines.append(f"| {NAMES.get(arm, arm)} | {r['seed']} | {100 * r['acc'][0]:.1f}% | {100 * r['acc'][last]:.1f}% | "
-                         f"{r['seconds'][last]:.1f} |")
+            lines.append(f"| {NAMES.get(arm, arm)} | {r['seed']} | {100 * r['acc'][0]:.1f}% | "
+                         f"{100 * r['acc'][last]:.1f}% | {r['seconds'][last]:.1f} |")
     return "\n".join(lines) + "\n"
 
 

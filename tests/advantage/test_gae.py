@@ -51,8 +51,10 @@ def test_token_gae_per_row_lambda():
 def test_token_gae_matches_legacy_recurrence():
     # Legacy loop, gamma .9, lambda .8 (c = .72); it never visits the last column and bootstraps from
     # V[:, -1] for no-EOS rows, so the kernel gets that column masked and bootstrap V[:, -1] * no_eos.
-    # Row 0 (EOS, bootstrap 0): t=1 delta = .5 - .2 = .3, A = .3; t=0 delta = .9 * .2 - .1 = .08, A = .08 + .72 * .3 = .296.
-    # Row 1 (no EOS, bootstrap .5): t=2 delta = .9 * .5 - 0 = .45; t=1 delta = 1 + 0 - .1 = .9, A = .9 + .72 * .45 = 1.224.
+    # Row 0 (EOS, bootstrap 0): t=1 delta = .5 - .2 = .3, A = .3; t=0 delta = .9 * .2 - .1 = .08,
+    # A = .08 + .72 * .3 = .296.
+    # Row 1 (no EOS, bootstrap .5): t=2 delta = .9 * .5 - 0 = .45; t=1 delta = 1 + 0 - .1 = .9,
+    # A = .9 + .72 * .45 = 1.224.
     r = T([[0.0, 0.5, 0, 2], [0, 1, 0, 0]])
     v = T([[0.1, 0.2, 0.3, 0.4], [0.2, 0.1, 0, 0.5]])
     m = T([[1, 1, 0, 1], [0, 1, 1, 1]]).bool()

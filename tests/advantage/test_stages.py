@@ -173,7 +173,8 @@ def test_explicit_references_required_from_custom_shaping():
                 advantage={"outcome_reward_shaping": stage("examples.custom_advantage.my_advantage.length_penalty",
                                                            coef=1.0)})
     out = run(DATA, cfg, meta=meta)
-    close(out.outcome_rewards, [-0.7071, 0.7071], atol=1e-4)  # references [0.5, 1.25]: explicit 1 and row 2, less length/4
+    # references [0.5, 1.25]: explicit 1 and row 2, less length/4
+    close(out.outcome_rewards, [-0.7071, 0.7071], atol=1e-4)
 
 
 def test_resolution_happens_once():

@@ -93,7 +93,8 @@ VAPO = "areal_trainer.advantage.lambda_fn.vapo_length_adaptive_gae"
 BATCH, GROUP = norm("batch", "batch"), norm("group", "group", group_size=8)
 CONFIGS = {  # every estimator and lambda kind, the KL reward, both normalisations at both levels
     "token": dict(gae_timestep_unit="token"),
-    "token-gl-kl-advbatch": dict(gae_timestep_unit="token", discount=0.99, gae_lambda=0.95, kl_ctl=0.05, adv_norm=BATCH),
+    "token-gl-kl-advbatch": dict(gae_timestep_unit="token", discount=0.99, gae_lambda=0.95, kl_ctl=0.05,
+                                 adv_norm=BATCH),
     "token-vapo-advgroup-rewgroup": dict(gae_timestep_unit="token", discount=0.99, gae_lambda=VAPO, adv_norm=GROUP,
                                          reward_norm=GROUP),
     "turn-kl-advgroup": dict(gae_timestep_unit="turn", kl_ctl=0.05, adv_norm=GROUP),

@@ -25,11 +25,13 @@ def imports(monkeypatch):
 
 
 PLUGINS = ["reward.fn=tests.plugins.digit_share_reward", "rollout.dynamic_filter=tests.plugins.every_other_group",
-           "actor.loss.surrogate.implementation=examples.custom_loss.spo.spo", "+actor.loss.surrogate.kwargs.epsilon=0.2",
+           "actor.loss.surrogate.implementation=examples.custom_loss.spo.spo",
+           "+actor.loss.surrogate.kwargs.epsilon=0.2",
            "actor.use_decoupled_loss=false", "actor.rejection_sampling=null",
            "actor.advantage.outcome_reward_shaping.implementation=examples.custom_advantage.my_advantage.length_penalty",
            "+actor.advantage.outcome_reward_shaping.kwargs.coef=0.1",
-           "actor.gae_lambda=areal_trainer.advantage.lambda_fn.vapo_length_adaptive_gae", "+actor.gae_lambda_kwargs.alpha=0.05"]
+           "actor.gae_lambda=areal_trainer.advantage.lambda_fn.vapo_length_adaptive_gae",
+           "+actor.gae_lambda_kwargs.alpha=0.05"]
 
 
 def test_every_plugin_is_resolved_exactly_once(imports):
@@ -41,7 +43,8 @@ def test_every_plugin_is_resolved_exactly_once(imports):
     assert {"tests.plugins.digit_share_reward", "tests.plugins.every_other_group", "examples.custom_loss.spo.spo",
             "examples.custom_advantage.my_advantage.length_penalty",
             "areal_trainer.advantage.lambda_fn.vapo_length_adaptive_gae"} <= set(paths)
-    assert built.reward.functions[0].fn.__name__ == "digit_share_reward" and built.rollout.accept.__name__ == "every_other_group"
+    assert (built.reward.functions[0].fn.__name__ == "digit_share_reward"
+            and built.rollout.accept.__name__ == "every_other_group")
     assert built.loss.surrogate.name == "examples.custom_loss.spo.spo"
     assert built.advantage.stages.outcome.builtin is False
 

@@ -18,4 +18,5 @@ def test_anything_else_is_one_problem_naming_key_and_value(value):
 def test_null_and_a_note():
     assert integer_at_least("k", None, 1, nullable=True) == []
     assert integer_at_least("k", 0, 1, nullable=True) == ["k: got 0; must be >= 1 or null."]
-    assert integer_at_least("k", -2, 0, note="0 turns it off") == ["k: got -2; must be an integer >= 0 (0 turns it off)."]
+    assert integer_at_least("k", -2, 0, note="0 turns it off") == ["k: got -2; must be an integer >= 0 "
+                                                                   "(0 turns it off)."]

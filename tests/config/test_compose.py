@@ -61,7 +61,8 @@ def test_seed_switch_commands_verbatim():
     sapo = load_config("grpo", ["scheduler.type=local", "+actor.use_sapo_loss=true", "+actor.sapo_tau_pos=1.0",
                                 "+actor.sapo_tau_neg=1.05", "actor.use_decoupled_loss=false"])
     assert sapo.actor.use_sapo_loss and sapo.actor.sapo_tau_neg == 1.05 and not sapo.actor.use_decoupled_loss
-    dr = load_config("grpo", ["scheduler.type=local", "actor.adv_norm.mean_level=group", "actor.adv_norm.std_level=null"])
+    dr = load_config("grpo", ["scheduler.type=local", "actor.adv_norm.mean_level=group",
+                              "actor.adv_norm.std_level=null"])
     assert dr.actor.adv_norm.mean_level == "group" and dr.actor.adv_norm.std_level is None
     gspo = load_config("grpo", ["scheduler.type=local", "+actor.importance_sampling_level=sequence"])
     assert gspo.actor.importance_sampling_level == "sequence"
@@ -124,7 +125,8 @@ def test_clamp_needs_ratio_and_ratio_upper():
 
 
 def test_plugin_errors_name_the_key():
-    text = "\n".join(_problems(["reward.fn=no_such_pkg.rewards.fn", "rollout.dynamic_filter=areal_trainer.rollout.filters.nope"]))
+    text = "\n".join(_problems(["reward.fn=no_such_pkg.rewards.fn",
+                                "rollout.dynamic_filter=areal_trainer.rollout.filters.nope"]))
     assert "reward.fn: module 'no_such_pkg.rewards' not found" in text
     assert "rollout.dynamic_filter: module 'areal_trainer.rollout.filters' has no attribute 'nope'" in text
 
@@ -183,7 +185,8 @@ def test_options_the_vllm_backend_cannot_honour_are_configuration_errors():
     with pytest.raises(ConfigError, match=r"rollout.backend=vllm does not support a policy sharded with FSDP2 "
                                           r"\(parallel.fsdp=true\) yet; use rollout.backend=hf"):
         load_config("grpo", ["rollout.backend=vllm", "parallel.fsdp=true"])
-    with pytest.raises(ConfigError, match="rollout.backend: got 'vlm'; must be one of 'hf', 'vllm'. Did you mean 'vllm'"):
+    with pytest.raises(ConfigError, match="rollout.backend: got 'vlm'; must be one of 'hf', 'vllm'. "
+                                          "Did you mean 'vllm'"):
         load_config("grpo", ["rollout.backend=vlm"])
 
 
@@ -213,7 +216,8 @@ def test_agent_problems_are_all_reported_before_anything_loads():
     assert "rollout.agent_export" in text and "'merged'" in text
     assert "rollout.agent_timeout: got 0" in text and "rollout.turn_discount: got 1.5" in text
     text = "\n".join(_problems(["rollout.agent=tests.rollout.test_agent.no_client"]))
-    assert "rollout.agent: 'tests.rollout.test_agent.no_client' takes (data); it must take data and either client" in text
+    assert ("rollout.agent: 'tests.rollout.test_agent.no_client' takes (data); it must take data and either "
+            "client" in text)
     text = "\n".join(_problems(["rollout.agent=tests.agents.simple.try_again",
                                 "rollout.workflow=areal_trainer.rollout.workflows.multi_turn.MultiTurnWorkflow"]))
     assert "rollout.agent='tests.agents.simple.try_again' and rollout.workflow=" in text and "set only one" in text

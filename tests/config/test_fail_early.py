@@ -105,13 +105,14 @@ def test_cli_dataset_smaller_than_one_batch_fails_before_the_model_loads(tmp_pat
 # -- dataset rows ----------------------------------------------------------------------------------------
 def test_row_error_gives_the_jsonl_line_the_columns_present_and_how_many_more(tmp_path):
     path = _jsonl(tmp_path / "d.jsonl", [{"question": "a", "answer": "#### 1"}, {"question": "b", "answer": "#### 2"},
-                                         {"question": "c", "solution": "#### 3"}, {"question": "d", "solution": "#### 4"}])
+                                         {"question": "c", "solution": "#### 3"},
+                                         {"question": "d", "solution": "#### 4"}])
     with pytest.raises(UserError) as info:
         build_samples(DatasetConfig(path=path), build_tokenizer(), "train_dataset")
     msg = str(info.value)
-    assert "train_dataset: line 3 of 'd.jsonl': no 'answer' value (or an empty one). Columns in that row: 'question', " \
-           "'solution'. Set train_dataset.answer_key to the right column, or fix the rows. (1 more of the 4 rows " \
-           "have problems too.)" == msg
+    assert "train_dataset: line 3 of 'd.jsonl': no 'answer' value (or an empty one). Columns in that row: " \
+           "'question', 'solution'. Set train_dataset.answer_key to the right column, or fix the rows. (1 more of " \
+           "the 4 rows have problems too.)" == msg
 
 
 def test_a_line_that_is_not_an_object_names_the_line(tmp_path):
@@ -125,7 +126,8 @@ def test_row_error_of_a_parquet_file_counts_rows_from_one(tmp_path):
     import datasets
 
     path = str(tmp_path / "d.parquet")
-    datasets.Dataset.from_list([{"question": "a", "answer": "#### 1"}, {"question": "b", "answer": " "}]).to_parquet(path)
+    datasets.Dataset.from_list([{"question": "a", "answer": "#### 1"},
+                                {"question": "b", "answer": " "}]).to_parquet(path)
     with pytest.raises(UserError) as info:
         build_samples(DatasetConfig(path=path), build_tokenizer(), "valid_dataset")
     assert "valid_dataset: row 2 of 'd.parquet': no 'answer' value (or an empty one). Columns in that row: " \

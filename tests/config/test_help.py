@@ -126,7 +126,8 @@ def test_overrides_accept_every_key_the_help_lists_and_both_suggest_the_same_key
 def test_undocumented_keys_are_known_and_marked():
     undocumented = {k for k, key in index().items() if k and not key.doc}
     print("keys without a description:", sorted(undocumented) or "none")
-    assert undocumented <= KNOWN_UNDOCUMENTED, f"document these schema fields: {sorted(undocumented - KNOWN_UNDOCUMENTED)}"
+    assert undocumented <= KNOWN_UNDOCUMENTED, ("document these schema fields: "
+                                                f"{sorted(undocumented - KNOWN_UNDOCUMENTED)}")
     values = sorted(k for k in undocumented if not index()[k].section)
     if values:
         assert "(no description)" in key_help(values[0])
@@ -184,7 +185,8 @@ def test_config_groups_of_a_config_dir_are_accepted_and_others_still_refused(tmp
     assert "experiment" in groups and "notes" not in groups and "algo" in groups
     assert normalize_overrides(["+experiment=a", "+seed=2"], groups) == ["+experiment=a", "++seed=2"]
     problems, usable = split_overrides(["+experiment=a", "+notes=x"], groups)
-    assert usable == ["+experiment=a"] and len(problems) == 1 and problems[0].startswith("notes: not a configuration key.")
+    assert (usable == ["+experiment=a"] and len(problems) == 1
+            and problems[0].startswith("notes: not a configuration key."))
     (problem,), _ = split_overrides(["+experiment=a"])  # without the folder it is not a group
     assert problem.startswith("experiment: not a configuration key.")
 

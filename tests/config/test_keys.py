@@ -70,7 +70,8 @@ def test_every_schema_key_is_read_or_declared():
 
 def test_the_reads_are_attribute_reads():
     """A name that only occurs as a word, a string or a local variable does not count as a read."""
-    tree = ast.parse("import os\ndef f(cfg, eps_clip):\n    x = os.path\n    return eps_clip + cfg.lr + getattr(cfg, 'seed')")
+    tree = ast.parse("import os\ndef f(cfg, eps_clip):\n    x = os.path\n"
+                     "    return eps_clip + cfg.lr + getattr(cfg, 'seed')")
     assert _attribute_reads(tree) == {"lr", "seed"}
 
 

@@ -18,7 +18,8 @@ def test_distill_preset_is_pure_distillation_with_the_joint_form():
     built = load("distill")
     t = built.config.teacher
     assert (t.form, t.rl_loss_weight, t.pure) == ("joint", 0.0, True)
-    assert isinstance(built.loss, DistillLoss) and built.distill.pure and built.distill.teachers[0].path == "builtin:tiny"
+    assert (isinstance(built.loss, DistillLoss) and built.distill.pure
+            and built.distill.teachers[0].path == "builtin:tiny")
     assert load("grpo").distill is None  # no teacher: nothing changes
 
 
@@ -42,15 +43,18 @@ def test_every_bad_teacher_value_is_reported_together():
 @pytest.mark.parametrize("overrides,message", [
     (["+teacher.path=builtin:tiny", "teacher.rl_loss_weight=0", "teacher.distill_loss_weight=0"],
      "teacher.rl_loss_weight and teacher.distill_loss_weight are both 0"),
-    (["+teacher.teachers.a.path=builtin:tiny", "teacher.mopd.rl_coefficient=0", "teacher.mopd.distillation_coefficient=0"],
+    (["+teacher.teachers.a.path=builtin:tiny", "teacher.mopd.rl_coefficient=0",
+      "teacher.mopd.distillation_coefficient=0"],
      "teacher.mopd.rl_coefficient and teacher.mopd.distillation_coefficient are both 0"),
     (["+teacher.teachers.a.path=builtin:tiny", "+teacher.mopd.routes.mixed.b=1.0"],
      "teacher.mopd.routes.mixed.b: no teacher is named 'b'; the teachers are a"),
     (["+teacher.teachers.a.path=builtin:tiny", "teacher.teachers.a.weight=-2"], "teacher.teachers.a.weight: got -2.0"),
     (["+teacher.teachers.a.path=builtin:tiny", "teacher.mopd.importance_ratio_cap=inf"],
      "teacher.mopd.importance_ratio_cap: got inf"),
-    (["+teacher.teachers.a.path=builtin:tiny", "teacher.loss_form=joint"], "teacher.loss_form='joint' takes one teacher"),
-    (["+teacher.teachers.a.path=builtin:tiny", "+teacher.path=builtin:tiny"], "teacher.path and teacher.teachers are both set"),
+    (["+teacher.teachers.a.path=builtin:tiny", "teacher.loss_form=joint"],
+     "teacher.loss_form='joint' takes one teacher"),
+    (["+teacher.teachers.a.path=builtin:tiny", "+teacher.path=builtin:tiny"],
+     "teacher.path and teacher.teachers are both set"),
     (["+teacher.teachers.a.path=builtin:tiny", "teacher.rl_loss_weight=0.5"],
      "teacher.rl_loss_weight=0.5 weighs the single-teacher forms"),
     (["+teacher.dtype=float32"], "teacher: no teacher"),

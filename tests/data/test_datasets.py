@@ -38,7 +38,8 @@ def test_local_file_with_gsm8k_fields(tmp_path, ext):
     rows = [{"question": f"What is {i} + 1?", "answer": f"{i} + 1 = {i + 1}\n#### {i + 1}"} for i in range(5)]
     rows.append({"question": "x " * 50, "answer": "#### 1"})
     path = tmp_path / f"d.{ext}"
-    datasets.Dataset.from_list(rows).to_json(path) if ext == "jsonl" else datasets.Dataset.from_list(rows).to_parquet(path)
+    (datasets.Dataset.from_list(rows).to_json(path) if ext == "jsonl"
+     else datasets.Dataset.from_list(rows).to_parquet(path))
     cfg = DatasetConfig(path=str(path), max_length=20)
     samples = build_samples(cfg, build_tokenizer(), "train_dataset")
     assert len(samples) == 5  # the long question is dropped by max_length

@@ -60,11 +60,12 @@ def test_a_prompt_needs_room_for_one_answer_token(tok, tmp_path):
     path = data(tmp_path, [1, 2, 3, 1])  # 13, 18, 23, 13 tokens
     samples, warned = build(path, tok, limit(19))  # 18 + 1 fits; 23 + 1 does not
     assert [s["row"] for s in samples] == [f"line {i} of 'data.jsonl'" for i in (1, 2, 4)]
-    assert warned == ["train_dataset: dropped 1 of 4 prompts with no room for an answer: e.g. line 3 of 'data.jsonl' has "
-                      "23 prompt tokens (rendered by the chat template) and the row limit is 19 tokens of prompt plus "
-                      "answer (gconfig.max_tokens=19). Set train_dataset.overlong_prompts=error to stop instead."]
+    assert warned == ["train_dataset: dropped 1 of 4 prompts with no room for an answer: e.g. line 3 of 'data.jsonl' "
+                      "has 23 prompt tokens (rendered by the chat template) and the row limit is 19 tokens of prompt "
+                      "plus answer (gconfig.max_tokens=19). Set train_dataset.overlong_prompts=error to stop instead."]
     samples, warned = build(path, tok, limit(18))  # now 18 + 1 does not fit either
-    assert [s["row"] for s in samples] == [f"line {i} of 'data.jsonl'" for i in (1, 4)] and "dropped 2 of 4" in warned[0]
+    assert ([s["row"] for s in samples] == [f"line {i} of 'data.jsonl'" for i in (1, 4)]
+            and "dropped 2 of 4" in warned[0])
     assert "e.g. line 2 of" in warned[0]  # the first one is the example
 
 
@@ -79,10 +80,10 @@ def test_error_names_the_first_row_and_counts_the_others(tok, tmp_path):
     with pytest.raises(UserError) as e:
         build(path, tok, limit(20), overlong_prompts="error")
     assert str(e.value) == (
-        "train_dataset: line 2 of 'data.jsonl' has 23 prompt tokens (rendered by the chat template) and the row limit is "
-        "20 tokens of prompt plus answer (gconfig.max_tokens=20), so no answer fits. (1 more of the 3 prompts are too "
-        "long too.) Shorten or remove such prompts, raise gconfig.max_tokens, or set train_dataset.overlong_prompts=drop "
-        "to leave them out.")
+        "train_dataset: line 2 of 'data.jsonl' has 23 prompt tokens (rendered by the chat template) and the row limit "
+        "is 20 tokens of prompt plus answer (gconfig.max_tokens=20), so no answer fits. (1 more of the 3 prompts are "
+        "too long too.) Shorten or remove such prompts, raise gconfig.max_tokens, or set "
+        "train_dataset.overlong_prompts=drop to leave them out.")
     assert "\n" not in str(e.value)
 
 

@@ -134,7 +134,8 @@ def test_valid_dataset_asks_as_train_dataset_unless_set():
 
 def test_bad_templates_are_all_reported_before_anything_loads():
     with pytest.raises(ConfigError) as e:
-        load_config("grpo", ["train_dataset.prompt_template='Solve: {problem}'", "train_dataset.system_prompt='Be {tone}.'",
+        load_config("grpo", ["train_dataset.prompt_template='Solve: {problem}'",
+                             "train_dataset.system_prompt='Be {tone}.'",
                              "valid_dataset.prompt_template='Answer this.'"])
     assert e.value.problems == [
         "train_dataset.prompt_template: got 'Solve: {problem}', which has no {question} placeholder, so the prompt "
@@ -152,7 +153,8 @@ def test_bad_templates_are_all_reported_before_anything_loads():
 
 
 def test_unknown_placeholder_next_to_question_and_unbalanced_braces():
-    problems = DatasetConfig(prompt_template="{question} in \\boxed{}", system_prompt="{question}").check("DatasetConfig")
+    problems = DatasetConfig(prompt_template="{question} in \\boxed{}",
+                             system_prompt="{question}").check("DatasetConfig")
     assert problems == [
         "DatasetConfig.prompt_template: got '{question} in \\\\boxed{}', with the unknown placeholder {}; only "
         "{question} is filled in. Write literal braces doubled ({{ and }}, e.g. \\boxed{{}}), or put such text in "

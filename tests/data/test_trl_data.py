@@ -110,7 +110,8 @@ def test_more_steps_than_the_epochs_allow_stop_at_the_epochs_with_a_notice():
     total, notice = run_length(1, 30, 18, 289, 16)
     assert total == 18
     assert notice == ("total_train_steps=30 is more than total_train_epochs=1 allows: 18 steps per epoch (289 prompts, "
-                      "16 per step) x 1 epoch, so the run stops at step 18. Set total_train_epochs=2 to run all 30 steps.")
+                      "16 per step) x 1 epoch, so the run stops at step 18. Set total_train_epochs=2 to run all 30 "
+                      "steps.")
     assert run_length(2, 37, 18, 289, 16)[1].endswith("x 2 epochs, so the run stops at step 36. Set "
                                                       "total_train_epochs=3 to run all 37 steps.")
 

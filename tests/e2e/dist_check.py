@@ -126,7 +126,8 @@ def main(out: str, fsdp_mode: bool = False, lora_mode: bool = False, teacher_mod
     torch.save({"advantages": adv.advantages, "loss_mask": adv.loss_mask, "loss": loss, "delta": delta,
                 "rank": ctx.rank, "fsdp": fsdp.is_sharded(model), "grad_norm": metrics["update/grad_norm"],
                 "n_micro": n_micro, "metrics": metrics,
-                "teacher_logp": None if teacher is None else teacher.logp, "trainable": [n for n, p in model.named_parameters() if p.requires_grad]},
+                "teacher_logp": None if teacher is None else teacher.logp,
+                "trainable": [n for n, p in model.named_parameters() if p.requires_grad]},
                f"{out}/rank{ctx.rank}.pt")
     ctx.shutdown()
 

@@ -27,7 +27,8 @@ ARGS = ["--config-name", "grpo", "+scale=tiny", "sft_warmup.steps=2", "total_tra
         "rollout.agent=examples.agents.http_agent.agent.run", "valid_dataset.max_rows=4", "evaluator.freq_steps=2"]
 ROW = {"question": "Tom has 3 apples. Tom buys 4 more. How many apples does Tom have now?",
        "answer": "3 + 4 = 7\n#### 7",
-       "messages": [{"role": "user", "content": "Tom has 3 apples. Tom buys 4 more. How many apples does Tom have now?"}]}
+       "messages": [{"role": "user",
+                     "content": "Tom has 3 apples. Tom buys 4 more. How many apples does Tom have now?"}]}
 
 
 def test_the_http_agent_example_trains_from_the_command_line(tmp_path):

@@ -27,7 +27,8 @@ COMMON = ["--config-name", "grpo", "+scale=tiny", "total_train_steps=6", "saver.
 def test_a_lagged_agent_run_killed_and_resumed_ends_like_the_uninterrupted_one(tmp_path):
     cli([*COMMON, "trial_name=full"], cwd=tmp_path)
     full = step_records(tmp_path / "outputs" / "grpo" / "full", "reward/task")
-    assert max(r["actor/staleness/max"] for r in full.values()) == 2 and all(r["agent/calls"] > 0 for r in full.values())
+    assert (max(r["actor/staleness/max"] for r in full.values()) == 2
+            and all(r["agent/calls"] > 0 for r in full.values()))
     run = tmp_path / "outputs" / "grpo" / "killed"
     done = killed_after_checkpoint([*COMMON, "trial_name=killed"], tmp_path, run, 2)
     assert done and done[-1] < 6, "the run finished before it could be killed"

@@ -14,8 +14,9 @@ AGENTS = {"in_process": "tests.agents.simple.misbehaving", "http": "tests.agents
 
 @pytest.mark.parametrize("form", sorted(AGENTS))
 def test_an_agent_run_names_its_traps_once_and_trains_only_what_was_sampled(tmp_path, form):
-    proc = cli(["--config-name", "grpo", "+scale=tiny", "actor.path=builtin:tiny-tools", f"rollout.agent={AGENTS[form]}",
-                "gconfig.max_new_tokens=3", "total_train_steps=2", "valid_dataset=null", "trial_name=t"], cwd=tmp_path)
+    proc = cli(["--config-name", "grpo", "+scale=tiny", "actor.path=builtin:tiny-tools",
+                f"rollout.agent={AGENTS[form]}", "gconfig.max_new_tokens=3", "total_train_steps=2",
+                "valid_dataset=null", "trial_name=t"], cwd=tmp_path)
     out = proc.stdout + proc.stderr
     assert "Traceback" not in out and "HTTP Request:" not in out  # the HTTP libraries log at WARNING
     limit = [line for line in out.splitlines() if "stopped at gconfig.max_new_tokens=3" in line]

@@ -27,8 +27,8 @@ def test_typo_fails_fast_with_suggestion(tmp_path):
 
 
 def test_one_step_training_run(tmp_path):
-    proc = cli(["--config-name", "grpo", "+scale=tiny", "total_train_steps=1", "saver.freq_steps=1", "trial_name=smoke"],
-               cwd=tmp_path)
+    proc = cli(["--config-name", "grpo", "+scale=tiny", "total_train_steps=1", "saver.freq_steps=1",
+                "trial_name=smoke"], cwd=tmp_path)
     run = tmp_path / "outputs" / "grpo" / "smoke"
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if r["step"] == 1]
@@ -85,7 +85,8 @@ def test_bad_reward_path_and_model_path(tmp_path):
 
 def test_dataset_row_without_answer(tmp_path):
     data = tmp_path / "data.jsonl"
-    data.write_text(json.dumps({"question": "1+1?", "answer": "#### 2"}) + "\n" + json.dumps({"question": "2+2?"}) + "\n")
+    data.write_text(json.dumps({"question": "1+1?", "answer": "#### 2"}) + "\n"
+                    + json.dumps({"question": "2+2?"}) + "\n")
     proc = cli(["--config-name", "grpo", "+scale=tiny", f"train_dataset.path={data}",
                 "allow_builtin_model_on_any_data=true"], cwd=tmp_path, check=False)
     assert proc.returncode != 0 and "line 2 of" in proc.stderr and "no 'answer' value" in proc.stderr
@@ -97,7 +98,8 @@ def test_existing_checkpoint_is_not_overwritten(tmp_path):
         cwd=tmp_path)
     marker = tmp_path / "outputs" / "grpo" / "t" / "checkpoints" / "step_1" / "COMPLETE"
     before = marker.stat().st_mtime_ns
-    proc = cli(["--config-name", "grpo", "+scale=tiny", "total_train_steps=1", "trial_name=t"], cwd=tmp_path, check=False)
+    proc = cli(["--config-name", "grpo", "+scale=tiny", "total_train_steps=1", "trial_name=t"], cwd=tmp_path,
+               check=False)
     assert proc.returncode != 0 and "recover.mode=auto" in proc.stderr
     assert marker.stat().st_mtime_ns == before
 

@@ -87,7 +87,8 @@ def test_resume_with_a_teacher_equals_the_uninterrupted_run_and_refuses_another_
     assert refused.returncode == 1 and "teacher.path" in refused.stderr
     out = cli([*args, "total_train_steps=4", "trial_name=cut", "recover.mode=auto"], cwd=tmp_path)
     assert "resuming from" in out.stdout
-    full, resumed = step_records(tmp_path / "outputs" / "distill" / "full"), step_records(tmp_path / "outputs" / "distill" / "cut")
+    full, resumed = (step_records(tmp_path / "outputs" / "distill" / "full"),
+                     step_records(tmp_path / "outputs" / "distill" / "cut"))
     assert sorted(resumed) == [1, 2, 3, 4]
     for step in range(1, 5):
         assert comparable(resumed[step]) == comparable(full[step]), step
@@ -173,7 +174,8 @@ def test_bad_teachers_are_reported_before_anything_loads(tmp_path):
     assert not (tmp_path / "outputs").exists()
     other = build_other_vocabulary(tmp_path)
     out = cli(["--config-name", "distill", "+scale=tiny", f"teacher.path={other}"], cwd=tmp_path, check=False)
-    assert out.returncode == 1 and "the teacher's vocabulary" in out.stderr and "actor.path='builtin:tiny'" in out.stderr
+    assert (out.returncode == 1 and "the teacher's vocabulary" in out.stderr
+            and "actor.path='builtin:tiny'" in out.stderr)
     assert "sft" not in out.stdout.lower()  # stopped before the warm start
 
 

@@ -37,7 +37,8 @@ def test_two_processes_equal_one(tmp_path):
     for part, got in ((slice(0, n), r0), (slice(n, 2 * n), r1)):
         width = got["advantages"].shape[1]
         torch.testing.assert_close(got["advantages"] * got["loss_mask"],
-                                   one["advantages"][part, :width] * one["loss_mask"][part, :width], atol=1e-5, rtol=1e-5)
+                                   one["advantages"][part, :width] * one["loss_mask"][part, :width],
+                                   atol=1e-5, rtol=1e-5)
 
 
 def test_two_process_cli_run(tmp_path):

@@ -1,8 +1,8 @@
-"""FSDP2 (``parallel.fsdp=true``, through ``accelerate launch --use_fsdp --fsdp_version 2``): two gloo processes with the policy
-sharded compute the same loss, gradient norm and update (parameters compared in full) as one
-process on the same global batch, also when the ranks run different numbers of micro-batches, and so
-do LoRA adapters on the sharded policy; a two-process CLI run writes its metrics and full Hugging Face
-checkpoints (with LoRA: the adapters) and resumes from them."""
+"""FSDP2 (``parallel.fsdp=true``, through ``accelerate launch --use_fsdp --fsdp_version 2``): two gloo
+processes with the policy sharded compute the same loss, gradient norm and update (parameters compared
+in full) as one process on the same global batch, also when the ranks run different numbers of
+micro-batches, and so do LoRA adapters on the sharded policy; a two-process CLI run writes its metrics
+and full Hugging Face checkpoints (with LoRA: the adapters) and resumes from them."""
 
 import json
 import os
@@ -19,8 +19,8 @@ from .helpers import ROOT, cli_env, comparable, step_records
 WORKER = os.path.join(os.path.dirname(__file__), "dist_check.py")
 LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--use_fsdp", "--fsdp_version", "2",
           "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
-ARGS = ["-m", "areal_trainer", "--config-name", "grpo", "+scale=tiny", "train_dataset.batch_size=4", "saver.freq_steps=1",
-        "trial_name=fsdp", "parallel.fsdp=true"]
+ARGS = ["-m", "areal_trainer", "--config-name", "grpo", "+scale=tiny", "train_dataset.batch_size=4",
+        "saver.freq_steps=1", "trial_name=fsdp", "parallel.fsdp=true"]
 
 
 def _run(cmd, cwd, timeout=300):
@@ -95,7 +95,8 @@ def test_fsdp_lora_two_processes_equal_one(tmp_path):
     assert r0["n_micro"] != r1["n_micro"]
     assert one["trainable"] == r0["trainable"] and all(".lora_" in n for n in one["trainable"])
     _same_update(one, r0, r1)
-    adapter_one, adapter_two = (load_file(tmp_path / d / "adapter" / "adapter_model.safetensors") for d in ("one", "two"))
+    adapter_one, adapter_two = (load_file(tmp_path / d / "adapter" / "adapter_model.safetensors")
+                                for d in ("one", "two"))
     assert sorted(adapter_one) == sorted(adapter_two) and len(adapter_one) == len(one["trainable"])
     assert any(v.abs().max() > 0 for k, v in adapter_one.items() if ".lora_B." in k)  # the update is in it
     for k, v in adapter_one.items():
@@ -165,7 +166,8 @@ def test_fsdp_lora_cli_run_saves_adapters_and_resumes_exactly(tmp_path):
 def test_fsdp_asynchronous_run(tmp_path):
     """The rollout thread's copy of the policy receives the full (gathered) weights after every step."""
     _run([*LAUNCH, "-m", "areal_trainer", "--config-name", "grpo", "+scale=tiny", "train_dataset.batch_size=4",
-          "rollout.max_head_offpolicyness=1", "total_train_steps=3", "trial_name=afsdp", "parallel.fsdp=true"], tmp_path)
+          "rollout.max_head_offpolicyness=1", "total_train_steps=3", "trial_name=afsdp", "parallel.fsdp=true"],
+         tmp_path)
     with open(tmp_path / "outputs" / "grpo" / "afsdp" / "metrics.jsonl") as f:
         steps = [r for r in map(json.loads, f) if "reward/task" in r]
     assert [r["step"] for r in steps] == [1, 2, 3]

@@ -24,9 +24,10 @@ def run(tmp_path, middle: str, *args: str, check: bool = True):
     data = tmp_path / "data.jsonl"
     rows = [LONG, middle, QUESTION, OTHER]
     data.write_text("".join(json.dumps({"prompt": p, "answer": "#### 7"}) + "\n" for p in rows))
-    proc = cli(["--config-name", "grpo", "+scale=tiny", "total_train_steps=1", "sft_warmup.steps=0", "valid_dataset=null",
-                f"train_dataset.path={data}", "allow_builtin_model_on_any_data=true", "train_dataset.shuffle=false",
-                "actor.path=builtin:tiny", "trial_name=t", *args], cwd=tmp_path, check=check)
+    proc = cli(["--config-name", "grpo", "+scale=tiny", "total_train_steps=1", "sft_warmup.steps=0",
+                "valid_dataset=null", f"train_dataset.path={data}", "allow_builtin_model_on_any_data=true",
+                "train_dataset.shuffle=false", "actor.path=builtin:tiny", "trial_name=t", *args], cwd=tmp_path,
+               check=check)
     return proc, tmp_path / "outputs" / "grpo" / "t"
 
 
@@ -53,7 +54,8 @@ def test_max_tokens_drops_the_long_prompt_and_caps_the_answers(tmp_path):
 
 
 def test_overlong_prompts_error_stops_with_one_line(tmp_path):
-    proc, run_dir = run(tmp_path, QUESTION, "gconfig.max_tokens=64", "train_dataset.overlong_prompts=error", check=False)
+    proc, run_dir = run(tmp_path, QUESTION, "gconfig.max_tokens=64", "train_dataset.overlong_prompts=error",
+                        check=False)
     assert proc.returncode == 1, proc.stderr[-3000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("Error:")]
     assert len(errors) == 1 and "Traceback" not in proc.stderr

@@ -59,13 +59,14 @@ def test_unknown_target_module_fails_before_the_warm_start(tmp_path):
     out = cli(["--config-name", "grpo", "+scale=tiny", "actor.use_lora=true", "actor.target_modules=[q_proj,qkv_proj]"],
               cwd=tmp_path, check=False)
     assert out.returncode != 0
-    assert "actor.target_modules: ['qkv_proj'] not found in 'builtin:tiny'; its Linear layers are" in out.stderr + out.stdout
+    assert ("actor.target_modules: ['qkv_proj'] not found in 'builtin:tiny'; its Linear layers are"
+            in out.stderr + out.stdout)
     assert "SFT" not in out.stderr + out.stdout
 
 
 # The ppo preset with LoRA on the critic only (the policy trains fully).
-CRITIC_ARGS = ["--config-name", "ppo", "+scale=tiny", "saver.freq_steps=1", "critic.use_lora=true", "critic.lora_rank=8",
-               "trial_name=critic_lora"]
+CRITIC_ARGS = ["--config-name", "ppo", "+scale=tiny", "saver.freq_steps=1", "critic.use_lora=true",
+               "critic.lora_rank=8", "trial_name=critic_lora"]
 
 
 def test_critic_lora_run_saves_adapter_and_head_and_resumes_exactly(tmp_path):

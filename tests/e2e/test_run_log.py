@@ -7,8 +7,8 @@ from .helpers import cli
 
 def test_run_log_holds_the_console_lines_and_one_line_per_step(tmp_path):
     # actor.use_decoupled_loss=false with the preset's rejection_sampling: a start-up warning.
-    proc = cli(["--config-name", "grpo", "+scale=tiny", "stats_logger.progress_bar=true", "actor.use_decoupled_loss=false",
-                "trial_name=logged"], cwd=tmp_path)
+    proc = cli(["--config-name", "grpo", "+scale=tiny", "stats_logger.progress_bar=true",
+                "actor.use_decoupled_loss=false", "trial_name=logged"], cwd=tmp_path)
     run = tmp_path / "outputs" / "grpo" / "logged"
     text = (run / "__main__.log").read_text()
     lines = text.splitlines()

@@ -101,7 +101,8 @@ def test_a_killed_rank_stops_the_whole_job_naming_it(tmp_path):
     (["scheduler.type=cluster"], "scheduler.type: got 'cluster'; must be one of null, 'local', 'ray', 'slurm'"),
     (["scheduler.type=local", "cluster.n_nodes=2"], "local runs on this machine only"),
     (["scheduler.type=slurm"], "there is no `sbatch` here"),
-    (["scheduler.type=slurm", "scheduler.slurm_executor=local", "cluster.n_nodes=2"], "the local executor runs on this machine only"),
+    (["scheduler.type=slurm", "scheduler.slurm_executor=local", "cluster.n_nodes=2"],
+     "the local executor runs on this machine only"),
 ])
 def test_bad_launch_settings_fail_before_anything_starts(tmp_path, overrides, message):
     proc = cli([*TINY, *overrides], cwd=tmp_path, check=False, timeout=60)

@@ -71,7 +71,8 @@ def test_a_reward_function_gets_a_column_beyond_the_answer(tmp_path):
     data = _write(tmp_path / "train.jsonl", rows)
     records = _run(tmp_path, f"train_dataset.path={data}", "train_dataset.shuffle=false",
                    "reward.fn=tests.plugins.tolerant", "stats_logger.samples_per_step=4")
-    samples = [json.loads(line) for line in (tmp_path / "outputs" / "grpo" / "t" / "samples.jsonl").read_text().splitlines()]
+    samples = [json.loads(line)
+               for line in (tmp_path / "outputs" / "grpo" / "t" / "samples.jsonl").read_text().splitlines()]
     assert samples and {s["reward"] for s in samples} <= {0.0, 1.0}
     for s in samples:
         row = next(r for r in rows if r["question"] in s["prompt"])
@@ -115,10 +116,12 @@ def test_a_reward_model_trains_alone_and_weighted_with_a_function(tmp_path, clas
     alone = _run(tmp_path, "reward.fn=null", f"reward.model.path={classifier}", trial="alone")
     assert sorted(alone) == [1, 2]
     for r in alone.values():
-        assert r["reward/sampled"] == pytest.approx(r["reward/reward_model"], abs=1e-6) and r["reward/reward_model"] != 0
+        assert (r["reward/sampled"] == pytest.approx(r["reward/reward_model"], abs=1e-6)
+                and r["reward/reward_model"] != 0)
     mixed = _run(tmp_path, f"reward.model.path={classifier}", "reward.weights=[1.0,0.5]", trial="mixed")
     for r in mixed.values():
-        assert r["reward/sampled"] == pytest.approx(r["reward/gsm8k_reward_fn"] + 0.5 * r["reward/reward_model"], abs=1e-5)
+        assert r["reward/sampled"] == pytest.approx(r["reward/gsm8k_reward_fn"] + 0.5 * r["reward/reward_model"],
+                                                    abs=1e-5)
 
 
 def test_a_scoring_service_trains_alone_and_weighted_with_a_function(tmp_path, server):
@@ -133,7 +136,8 @@ def test_a_scoring_service_trains_alone_and_weighted_with_a_function(tmp_path, s
             assert r["reward/sampled"] == pytest.approx(r["reward/remote"], abs=1e-5)
     mixed = _run(tmp_path, f"reward.url={server.url}", "reward.weights=[2.0,-0.25]", trial="mixed")
     for r in (r for r in mixed.values() if r["reward/none"] == 0):
-        assert r["reward/sampled"] == pytest.approx(2 * r["reward/gsm8k_reward_fn"] - 0.25 * r["reward/remote"], abs=1e-5)
+        assert r["reward/sampled"] == pytest.approx(2 * r["reward/gsm8k_reward_fn"] - 0.25 * r["reward/remote"],
+                                                    abs=1e-5)
 
 
 def test_a_service_that_fails_stops_the_run_naming_the_url_and_the_response(tmp_path, server):

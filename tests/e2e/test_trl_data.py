@@ -45,7 +45,8 @@ def test_prompt_only_trl_data_skips_the_warm_start_and_says_what_the_run_cannot_
     (warning,) = [line for line in proc.stderr.splitlines() if line.startswith("warning: the tokenizer of")]
     assert warning.startswith("warning: the tokenizer of actor.path='builtin:tiny' cannot spell words of 4 of the 4 "
                               "prompts of train_dataset")
-    assert "'Answer'" in warning and "'please'" in warning and "actor.path=HuggingFaceTB/SmolLM2-135M-Instruct" in warning
+    assert ("'Answer'" in warning and "'please'" in warning
+            and "actor.path=HuggingFaceTB/SmolLM2-135M-Instruct" in warning)
     assert "sft/loss" not in (tmp_path / "outputs" / "grpo" / "a" / "metrics.jsonl").read_text()
     assert _steps(tmp_path, "a") == [1, 2]
     calls = _calls(record)

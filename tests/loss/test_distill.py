@@ -31,7 +31,8 @@ MASK = torch.tensor([[True, True, False]])
 def rl_stub(value=2.0):
     """An RL loss of a known value whose gradient is 0 (so the distillation term's gradient is all there is)."""
     def loss(inputs, normalizer=None):
-        return PolicyLossResult(torch.where(inputs.loss_mask, inputs.logprobs, 0.0).sum() * 0 + value, {"actor/n_valid_tokens": inputs.loss_mask.sum()})
+        return PolicyLossResult(torch.where(inputs.loss_mask, inputs.logprobs, 0.0).sum() * 0 + value,
+                                {"actor/n_valid_tokens": inputs.loss_mask.sum()})
     return loss
 
 
@@ -165,4 +166,5 @@ def test_teacher_logprobs_are_sliced_with_the_policies():
     pol = PolicyLogprobs(behavior=T([[1.0, 2.0], [3.0, 4.0]]),
                          teacher=TeacherLogprobs(T([[5.0, 6.0], [7.0, 8.0]]), T([[1.0, 1.0], [1.0, 0.0]])))
     cut = pol.rows(torch.tensor([1]), width=1)
-    assert cut.teacher.logp.tolist() == [[7.0]] and cut.teacher.weight.tolist() == [[1.0]] and cut.teacher.behavior is None
+    assert (cut.teacher.logp.tolist() == [[7.0]] and cut.teacher.weight.tolist() == [[1.0]]
+            and cut.teacher.behavior is None)

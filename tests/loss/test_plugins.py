@@ -121,7 +121,8 @@ def test_a_loss_without_gradient_stops_naming_the_function(impl, label, what):
 
 def test_the_gradient_check_applies_only_where_there_is_a_gradient_to_reach():
     # No gradient on the inputs, or none asked for (torch.no_grad): the same plugins compute their loss.
-    for section, impl in (("compute", "tests.plugins.detached_loss"), ("surrogate", "tests.plugins.detached_surrogate")):
+    for section, impl in (("compute", "tests.plugins.detached_loss"),
+                          ("surrogate", "tests.plugins.detached_surrogate")):
         fn = bind_policy_loss(actor_config(loss={section: {"implementation": impl}}))
         inp = inputs(t([[0.5, 0.1]]), t([[1.0, 1.0]]), [[1, 1]], prox=t([[0.0, 0.0]]))
         with torch.no_grad():

@@ -115,7 +115,8 @@ def test_clipped_ratio_stays_in_bounds(log_ratio, adv, eps_low, eps_high):
     loss, low, high = clipped_surrogate(ratio, a, eps_low=eps_low, eps_high=eps_high)
     # Pessimistic bound: never below the unclipped surrogate; where the clip binds, the effective ratio is a bound.
     assert (loss >= -a * ratio - 1e-6).all()
-    assert torch.allclose(loss[low], (-a * (1 - eps_low))[low]) and torch.allclose(loss[high], (-a * (1 + eps_high))[high])
+    assert (torch.allclose(loss[low], (-a * (1 - eps_low))[low])
+            and torch.allclose(loss[high], (-a * (1 + eps_high))[high]))
 
 
 @SETTINGS

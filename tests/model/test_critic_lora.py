@@ -123,7 +123,8 @@ def test_unknown_critic_target_module_names_the_key_and_the_model_linears():
     with pytest.raises(UserError) as e:  # the start-up check, against the policy
         check_critic_lora(cfg, build_model("builtin:tiny", tok, seed=0), tok)
     assert str(e.value) == want
-    other = load_config("ppo", ["critic.use_lora=true", "critic.path=builtin:small", "critic.target_modules=[qkv_proj]"])
+    other = load_config("ppo", ["critic.use_lora=true", "critic.path=builtin:small",
+                                "critic.target_modules=[qkv_proj]"])
     with pytest.raises(UserError, match=r"critic\.target_modules: \['qkv_proj'\] not found in 'builtin:small'"):
         check_critic_lora(other, build_model("builtin:tiny", tok, seed=0), tok)  # its own model, weightless
     with pytest.raises(UserError) as e:  # building the critic says the same

@@ -413,7 +413,8 @@ def sync_http_agent(data, *, base_url, api_key):
         messages = list(data["messages"])
         for _ in range(2):
             r = client.chat.completions.create(model="policy", messages=messages, max_tokens=2)
-            messages += [{"role": "assistant", "content": r.choices[0].message.content}, {"role": "user", "content": "?"}]
+            messages += [{"role": "assistant", "content": r.choices[0].message.content},
+                         {"role": "user", "content": "?"}]
     return 1.0
 
 

@@ -46,12 +46,14 @@ def test_caps_are_max_new_tokens_or_the_room_left():
     assert new_token_caps([10, 60, 62], g(max_tokens=100), 66) == [8, 6, 4]  # the positions bind
     assert new_token_caps([10, 60], g(max_tokens=64), 512) == [8, 4]  # max_tokens binds
     assert new_token_caps([], g(), 512) == []
-    with pytest.raises(UserError, match="a prompt of 64 tokens leaves no room for an answer within the row limit of 64"):
+    with pytest.raises(UserError, match="a prompt of 64 tokens leaves no room for an answer within the row limit "
+                                        "of 64"):
         new_token_caps([10, 64], g(max_tokens=64), None)
 
 
 def test_capped_cuts_longer_answers_and_marks_them_truncated():
-    short, long = Generation([1, 2], [-0.1, -0.2], False, [0, 0]), Generation([1, 2, 3, 4], [-1.0] * 4, False, [0, 1, 1, 1])
+    short, long = (Generation([1, 2], [-0.1, -0.2], False, [0, 0]),
+                   Generation([1, 2, 3, 4], [-1.0] * 4, False, [0, 1, 1, 1]))
     out = capped([short, long], [2, 3])
     assert out[0] is short
     assert out[1] == Generation([1, 2, 3], [-1.0] * 3, True, [0, 1, 1])
@@ -130,7 +132,8 @@ class FakeLLM:
         class Out:
             def __init__(self, n):
                 self.num_cached_tokens = 0
-                self.outputs = [type("C", (), dict(token_ids=[7] * n, logprobs=[{7: type("L", (), {"logprob": -1.0})}] * n,
+                self.outputs = [type("C", (), dict(token_ids=[7] * n,
+                                                   logprobs=[{7: type("L", (), {"logprob": -1.0})}] * n,
                                                    finish_reason="length"))]
 
         return [Out(p["max_tokens"]) for p in rows]

@@ -242,7 +242,8 @@ def test_turn_ids_pass_turn_gae_validation(tok):
                        "actor.gae_lambda=areal_trainer.advantage.lambda_fn.relative_position_gae_lambda",
                        "+actor.gae_lambda_kwargs={q: 0.5}"]):
         built = load("grpo", overrides)
-        res = built.advantage(AdvantageInputs(batch, built.config.actor, meta=TrajBatchMeta(traj_group_sizes=tuple(sizes))))
+        res = built.advantage(AdvantageInputs(batch, built.config.actor,
+                                              meta=TrajBatchMeta(traj_group_sizes=tuple(sizes))))
         m = res.loss_mask.bool()
         assert bool(torch.isfinite(res.advantages).all()) and bool((res.advantages[~m] == 0).all())
         # Turn-level GAE with kl_ctl = 0: one advantage per (row, turn) (batch adv_norm is affine).

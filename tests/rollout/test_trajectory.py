@@ -11,8 +11,8 @@ from areal_trainer.rollout.batch import make_row
 
 
 def _rec(call, prompt, output, index=0, cid=None):
-    return CallRecord(cid or f"c{call}", index, call, list(prompt), list(output), [-0.5 - k for k in range(len(output))],
-                      [call] * len(output), False)
+    return CallRecord(cid or f"c{call}", index, call, list(prompt), list(output),
+                      [-0.5 - k for k in range(len(output))], [call] * len(output), False)
 
 
 def test_discounted_rewards_are_returns_from_each_call():

@@ -56,7 +56,8 @@ def test_offpolicy_grid_has_a_cell_per_correction_and_eta_and_says_when_seeds_ar
         _write_run(tmp_path, f"{corr}-{eta}-{seed}",
                    f"algorithm: {corr}\nseed: {seed}\nrollout:\n  max_head_offpolicyness: {eta}\n",
                    [{"step": 0, "eval/accuracy": 0.2},
-                    {"step": 1, "reward/task": 0.5, "actor/staleness": eta / 2, "actor/rejection/masked_frac": 0.01 * eta},
+                    {"step": 1, "reward/task": 0.5, "actor/staleness": eta / 2,
+                     "actor/rejection/masked_frac": 0.01 * eta},
                     {"step": 1, "eval/accuracy": acc}])
     md = grid(collect(str(tmp_path)))
     assert "| correction | η=0 | η=2 |" in md

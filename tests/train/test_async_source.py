@@ -193,7 +193,8 @@ def test_a_stalled_rollout_stops_the_trainer_saying_where_it_is():
     src = source(1, 2, rng=rng, workflow=Hangs(FakeEngine(rng)), timeout=0.5)
     src.start()
     try:
-        with pytest.raises(RolloutFailed, match=r"(?s)no progress for \d+ s \(rollout.request_timeout=0.5\).*gate.wait"):
+        with pytest.raises(RolloutFailed,
+                           match=r"(?s)no progress for \d+ s \(rollout.request_timeout=0.5\).*gate.wait"):
             src.next_batch(0)
     finally:
         gate.set()

@@ -13,7 +13,8 @@ def test_save_load_and_prune(tmp_path):
     tok = build_tokenizer()
     model = build_model("builtin:tiny", tok, seed=0)
     for step in (1, 2, 3):
-        ckpt.save_checkpoint(str(tmp_path), step, models={"actor": model}, tokenizer=tok, state={"x": step}, keep_last=2)
+        ckpt.save_checkpoint(str(tmp_path), step, models={"actor": model}, tokenizer=tok, state={"x": step},
+                             keep_last=2)
     assert [s for s, _ in ckpt.checkpoint_dirs(str(tmp_path))] == [2, 3]
     path = ckpt.latest_checkpoint(str(tmp_path))
     assert ckpt.load_trainer_state(path)["x"] == 3

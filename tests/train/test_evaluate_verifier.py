@@ -94,8 +94,8 @@ def test_a_reward_model_or_a_scoring_service_alone_is_never_a_verifier(reward, w
 def test_a_mix_without_a_verifier_has_none_and_says_how_to_name_one():
     spec, _ = _bind(_reward(LENGTH, model=True))
     assert not spec.active and spec.what == "weighted sum of length_or_none, reward model"
-    assert spec.note == ("no verifier among the reward sources; evaluator.verifier=<one of tests.plugins.length_or_none> "
-                         "reports accuracy from that function's own values")
+    assert spec.note == ("no verifier among the reward sources; evaluator.verifier=<one of "
+                         "tests.plugins.length_or_none> reports accuracy from that function's own values")
 
 
 def test_none_turns_accuracy_off():

@@ -31,8 +31,8 @@ def test_sources_engines_and_evaluation(overrides, kind, copy):
     loader = PromptLoader(list(range(8)), 2, shuffle=False, drop_last=True, seed=0,
                           mode="local" if mode == "concurrent" else "global")
     reward = reward_service(max_error_fraction=1.0)
-    r = build_rollout(cfg, built.rollout, model=model, tokenizer=tok, reward=reward, loader=loader, device=torch.device("cpu"),
-                      autocast_dtype=None, world_size=1, reduce_max=lambda x: x)
+    r = build_rollout(cfg, built.rollout, model=model, tokenizer=tok, reward=reward, loader=loader,
+                      device=torch.device("cpu"), autocast_dtype=None, world_size=1, reduce_max=lambda x: x)
     assert isinstance(r.source, kind) and isinstance(r.source, RolloutSource)
     assert (r.engine.model is not model) == copy
     assert r.eval_workflow.engine.model is model  # evaluation measures the trained weights themselves

@@ -168,7 +168,8 @@ def test_teacher_from_a_model_directory_and_from_a_checkpoint_step(tmp_path):
     (step / "trainer_state.pt").write_bytes(b"")
     assert model_dir(str(step)) == str(step / "actor")
     for path in (step, step / "actor"):
-        t = load_teacher(str(path), tokenizer=TOK, dtype="float32", device=torch.device("cpu"), seed=0, key="teacher.path")
+        t = load_teacher(str(path), tokenizer=TOK, dtype="float32", device=torch.device("cpu"), seed=0,
+                         key="teacher.path")
         assert not t.training and not any(p.requires_grad for p in t.parameters())
         assert _same_outputs(t, model)
 

@@ -34,7 +34,8 @@ CPU = torch.device("cpu")
 
 # -- without vLLM -------------------------------------------------------------------------------
 def test_module_import_does_not_import_vllm():
-    code = "import sys, areal_trainer.rollout.engines.vllm, areal_trainer.rollout.engines.backends; print('vllm' in sys.modules)"
+    code = ("import sys, areal_trainer.rollout.engines.vllm, areal_trainer.rollout.engines.backends; "
+            "print('vllm' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], env=cli_env(), capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

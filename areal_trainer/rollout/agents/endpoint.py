@@ -274,7 +274,8 @@ class EndpointServer:
         status = exc.status_code if isinstance(exc, HTTPException) else 500
         where = f"{request.method} {request.url.path}"
         if status in (404, 405):
-            message = f"{'Unknown route' if status == 404 else 'Wrong method for'} {where}; this endpoint serves {_ROUTES}."
+            message = (f"{'Unknown route' if status == 404 else 'Wrong method for'} {where}; "
+                       f"this endpoint serves {_ROUTES}.")
         else:
             message = f"{where} failed: {getattr(exc, 'detail', exc)}."
         return _error(RequestError(status, message))

@@ -39,7 +39,8 @@ def load_agent(path: Any, kwargs: dict, key: str = "rollout.agent") -> AgentSpec
     target = import_object(path, key)
     is_class = inspect.isclass(target)
     run = _run_of(target, is_class)
-    shape = "an async function run(data, *, client) (or run(data, *, base_url, api_key)), or a class with such a run method"
+    shape = ("an async function run(data, *, client) (or run(data, *, base_url, api_key)), or a class with such a "
+             "run method")
     if not callable(run):
         what = "a class without a run method" if is_class else f"a {type(target).__name__}"
         raise PluginError(f"{key}: {path!r} is {what}; it must be {shape}.")
@@ -55,7 +56,8 @@ def load_agent(path: Any, kwargs: dict, key: str = "rollout.agent") -> AgentSpec
     else:
         raise PluginError(f"{key}: {path!r} takes ({', '.join(params)}); it must take data and either client or "
                           f"base_url and api_key as keyword arguments: {shape}.")
-    positional = [p for n, p in params.items() if n != "self" and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    positional = [p for n, p in params.items()
+                  if n != "self" and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     if not positional and not any(p.kind is p.VAR_POSITIONAL for p in params.values()):
         raise PluginError(f"{key}: {path!r} has no parameter for the dataset row; it must be {shape}.")
     if is_class:

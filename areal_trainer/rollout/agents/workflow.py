@@ -263,7 +263,8 @@ class AgentWorkflow:
         if words:
             _UNSPELLABLE.update(words)
             tools = sorted(words & set().union(*(s.tool_names for s in sessions)))
-            shown = ", ".join(map(repr, sorted(words)[:10])) + (f" and {len(words) - 10} more" if len(words) > 10 else "")
+            shown = (", ".join(map(repr, sorted(words)[:10]))
+                     + (f" and {len(words) - 10} more" if len(words) > 10 else ""))
             named = f" (tool names among them: {', '.join(map(repr, tools))})" if tools else ""
             _warn(f"rollout.agent {self.agent.path}: the tokenizer cannot spell {shown}{named} in the agent's "
                           "requests: each reaches the model as the unknown token, the same for every such word, so "

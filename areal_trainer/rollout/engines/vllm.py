@@ -51,8 +51,8 @@ from .stops import may_have_stopped, stop_at, stop_strings
 from .weights import WeightGate
 
 INSTALL_HINT = ("rollout.backend=vllm needs the 'vllm' package, which is not importable here. On a CUDA machine: "
-                "pip install vllm (or pip install -e '.[vllm]'). On a CPU-only machine: bash scripts/setup_vllm_cpu.sh, "
-                "then run with .venv-vllm/bin/python. Or use rollout.backend=hf.")
+                "pip install vllm (or pip install -e '.[vllm]'). On a CPU-only machine: "
+                "bash scripts/setup_vllm_cpu.sh, then run with .venv-vllm/bin/python. Or use rollout.backend=hf.")
 GPU_MEMORY_UTILIZATION = 0.3
 """Default share of GPU memory vLLM may take (weights + KV cache); the trainer needs the rest."""
 CPU_BLOCK_SIZE = 32
@@ -147,7 +147,8 @@ class VLLMEngine:
         self.cached_prompt_tokens = 0
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.max_positions = positions_of(model, tokenizer, llm_kwargs.get("max_model_len"))
-        """With ``gconfig.max_tokens``, the limit of prompt + answer (``rollout/limits.py``); vLLM's ``max_model_len`` if lower."""
+        """With ``gconfig.max_tokens``, the limit of prompt + answer (``rollout/limits.py``); vLLM's
+        ``max_model_len`` if lower."""
         on_cpu = self.device.type == "cpu"
         if on_cpu and not {"kv_cache_memory_bytes", "gpu_memory_utilization"} & set(llm_kwargs):
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KVCACHE_GIB)
@@ -221,7 +222,8 @@ class VLLMEngine:
         """vLLM ``SamplingParams`` for ``g`` (stops exactly on :meth:`stop_ids`), for answers that already
         have ``n_done`` tokens and may have ``cap`` in all (default ``g.max_new_tokens``)."""
         most = g.max_new_tokens if cap is None else cap
-        kw: dict[str, Any] = dict(n=1, max_tokens=most - n_done, min_tokens=max(0, min(g.min_new_tokens, most) - n_done),
+        kw: dict[str, Any] = dict(n=1, max_tokens=most - n_done,
+                                  min_tokens=max(0, min(g.min_new_tokens, most) - n_done),
                                   logprobs=0, stop_token_ids=self.stop_ids(g), ignore_eos=True, detokenize=False)
         if g.greedy:
             kw.update(temperature=0.0)

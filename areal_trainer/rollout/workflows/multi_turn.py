@@ -111,7 +111,8 @@ class MultiTurnWorkflow:
             raise UserError(bad[0])
         if (isinstance(turn_discount, bool) or not isinstance(turn_discount, (int, float))
                 or not math.isfinite(turn_discount) or not 0 < turn_discount <= 1):
-            raise UserError(f"rollout.workflow_kwargs.turn_discount: got {turn_discount!r}; must be a number in (0, 1].")
+            raise UserError(f"rollout.workflow_kwargs.turn_discount: got {turn_discount!r}; must be a number "
+                            "in (0, 1].")
         if not isinstance(feedback, str) or not feedback.strip():
             raise UserError(f"rollout.workflow_kwargs.feedback: got {feedback!r}; must be a non-empty string.")
         self.engine, self.tokenizer, self.reward = engine, tokenizer, reward
@@ -120,7 +121,8 @@ class MultiTurnWorkflow:
     # -- chat template ----------------------------------------------------------------------------
     def feedback_text(self, messages: list[dict]) -> str:
         """Template text between an answer's content and the next answer's content, after ``messages``."""
-        conversation = [*messages, {"role": "assistant", "content": _SENTINEL}, {"role": "user", "content": self.feedback}]
+        conversation = [*messages, {"role": "assistant", "content": _SENTINEL},
+                        {"role": "user", "content": self.feedback}]
         text = self.tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
         if text.count(_SENTINEL) != 1:
             raise UserError("MultiTurnWorkflow: the tokenizer's chat template does not render an assistant message's "
@@ -146,7 +148,8 @@ class MultiTurnWorkflow:
     # -- rollout ----------------------------------------------------------------------------------
     def rollout(self, samples: list[dict], gconfig: Any) -> list[TrajectoryGroup]:
         """One group per sample: ``[G, L]`` rows (``G = gconfig.n_samples``), ``rewards``,
-        ``is_truncated`` and ``num_turns`` ``[G]``; its stats combine the reward's counters and source means of every answer."""
+        ``is_truncated`` and ``num_turns`` ``[G]``; its stats combine the reward's counters and source means
+        of every answer."""
         g = gconfig.n_samples
         prompts = [prompt_ids(self.tokenizer, s["messages"]) for s in samples]
         feedback = [self.feedback_ids(s["messages"]) for s in samples] if self.max_turns > 1 else [[] for _ in samples]

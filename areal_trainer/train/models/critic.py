@@ -79,4 +79,5 @@ class CriticModel:
 
     def load_state_dict(self, state: dict) -> None:
         fsdp.load_optimizer_state(self.model, self.optimizer, state["critic_optimizer"])
-        optim.restore(self.optimizer, self.scheduler, self.cfg.optimizer, state["critic_scheduler"])  # this run's settings
+        # this run's settings
+        optim.restore(self.optimizer, self.scheduler, self.cfg.optimizer, state["critic_scheduler"])

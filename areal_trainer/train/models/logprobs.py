@@ -246,7 +246,8 @@ def forward_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
             logits = logits[keep].float() / temperature
             lse = torch.logsumexp(logits, -1)
             lp = logits.gather(-1, labels[:, None]).squeeze(-1) - lse
-            ent = (lse - (torch.softmax(logits, -1) * logits).sum(-1)).detach() if with_entropy else torch.zeros_like(lp)
+            ent = ((lse - (torch.softmax(logits, -1) * logits).sum(-1)).detach() if with_entropy
+                   else torch.zeros_like(lp))
         elif prefix_sharing:
             lp, ent = _shared_prefix_logprobs(model, head, input_ids, attention_mask, keep, labels,
                                               temperature=temperature, with_entropy=with_entropy,

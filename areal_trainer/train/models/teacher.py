@@ -180,8 +180,8 @@ class Teachers:
             return
         r, c = (int(x) for x in bad.nonzero()[0])
         token = int(batch.input_ids[rows[r], c + 1])
-        raise UserError(f"teacher {t.name!r} ({t.key}={t.path!r}) gave a non-finite log-probability ({float(lp[r, c])}) "
-                        f"at a trained token at step {step} (batch row {rows[r]}, position {c + 1}, token id {token}); "
-                        f"{int(bad.sum())} trained tokens of this step are affected. Its weights or its dtype "
-                        f"({t.dtype}) are broken for this input (try teacher.dtype=float32); the run stops rather "
-                        "than train on a silently zeroed teacher signal.")
+        raise UserError(f"teacher {t.name!r} ({t.key}={t.path!r}) gave a non-finite log-probability "
+                        f"({float(lp[r, c])}) at a trained token at step {step} (batch row {rows[r]}, position "
+                        f"{c + 1}, token id {token}); {int(bad.sum())} trained tokens of this step are affected. "
+                        f"Its weights or its dtype ({t.dtype}) are broken for this input (try teacher.dtype=float32); "
+                        "the run stops rather than train on a silently zeroed teacher signal.")

@@ -9,9 +9,9 @@
 
 Every source is a :class:`RolloutSource`: ``next_batch(version) -> Batch``, ``update_weights(model, version)`` (the
 trainer's new weights, after each step), ``state_dict()`` / ``load_state_dict()`` (for checkpoints),
-``start()`` and ``close()``; ``load_state_dict(state, version)`` resumes at a policy version. Evaluation never goes through the training rollout: it runs the
-workflow on the trainer's own weights (see :func:`build_rollout`), so it neither trains on nor
-waits for the buffer.
+``start()`` and ``close()``; ``load_state_dict(state, version)`` resumes at a policy version. Evaluation
+never goes through the training rollout: it runs the workflow on the trainer's own weights (see
+:func:`build_rollout`), so it neither trains on nor waits for the buffer.
 """
 
 from __future__ import annotations

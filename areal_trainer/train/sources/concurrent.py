@@ -180,7 +180,8 @@ class AsyncSource:
             "rollout/overlap_frac": Mean(spent["both"] / wall),
             "rollout/trainer_idle_frac": Mean((spent["producer"] + spent["neither"]) / wall),
             "rollout/generator_idle_frac": Mean((spent["trainer"] + spent["neither"]) / wall),
-            "rollout/oldest_version_lag": Max(float(version - min(g.min_version for g in accepted)) if accepted else 0.0),
+            "rollout/oldest_version_lag": Max(float(version - min(g.min_version for g in accepted))
+                                              if accepted else 0.0),
         })
         return Batch(accepted, metrics)
 

@@ -67,6 +67,7 @@ def plan_resume(run_dir: str, cfg: Any) -> ResumePlan:
         lines = "\n".join(f"  - {c.line()}" for c in refused)
         raise UserError(f"recover.mode=auto: {path} was trained with other settings, which a resume cannot change:\n"
                         f"{lines}\nNothing was changed on disk. Resume with the old values, start a new run (another "
-                        f"trial_name), or start a fresh run from these weights in a new run directory with actor.path={path}/actor.")
+                        "trial_name), or start a fresh run from these weights in a new run directory with "
+                        f"actor.path={path}/actor.")
     plan.complete = bool(cfg.total_train_steps) and step >= cfg.total_train_steps
     return plan

@@ -110,7 +110,8 @@ class _Serving:
             if task is not None:
                 task.cancel()
             return
-        self.tasks[msg["id"]] = asyncio.ensure_future(self.episode(msg["id"], msg["base_url"], msg["api_key"], msg["row"]))
+        self.tasks[msg["id"]] = asyncio.ensure_future(self.episode(msg["id"], msg["base_url"], msg["api_key"],
+                                                                   msg["row"]))
 
     async def episode(self, n: int, base_url: str, api_key: str, row: dict) -> None:
         try:
