@@ -38,7 +38,8 @@ def distillation_only(inputs: AdvantageInputs) -> AdvantageResult:
               "input_token_loss_mask": data["loss_mask"]}
     if inputs.mopd:
         extras["mopd_behavior_logprobs"] = mopd_behavior_logprobs(data, m)
-    return AdvantageResult(advantages=zeros, returns=zeros, loss_mask=m, logprobs=old_logprobs(inputs.old_logprobs, data, m),
+    return AdvantageResult(advantages=zeros, returns=zeros, loss_mask=m,
+                           logprobs=old_logprobs(inputs.old_logprobs, data, m),
                            outcome_rewards=torch.zeros(n_rows, device=m.device), total_rewards=zeros,
                            kl_rewards=zeros, extras=extras)
 

@@ -151,7 +151,9 @@ def run_default(inputs: AdvantageInputs, stages: Stages) -> AdvantageResult:
         adv = normalize(adv, m, cfg.adv_norm, group_sizes=meta.traj_group_sizes if meta else None,
                         member_counts=meta.logical_group_sizes if meta else None, all_reduce=inputs.all_reduce)
     elif not stages.estimator.builtin:
-        adv = adv * m  # built-in estimators and the normalisation already give 0 at masked positions (so only a user estimator's output is masked here)
+        # built-in estimators and the normalisation already give 0 at masked positions (so only a user
+        # estimator's output is masked here)
+        adv = adv * m
     adv = _process(inputs, stages, ProcessAdvantageInputs(adv, direct, m, inputs.config), shape, device)
     extras = {"is_truncated": truncated, "input_token_loss_mask": data["loss_mask"]}
     if ref is not None:

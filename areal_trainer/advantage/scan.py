@@ -52,7 +52,8 @@ def _powers(coef: torch.Tensor, n: int) -> torch.Tensor:
     gap = (steps[None, :] - steps[:, None]).to(coef.dtype)
     upper = gap >= 0
     # pow(0, 0) == 1, so c = 0 (lambda = 0) keeps the diagonal and drops the rest, as it should.
-    return torch.where(upper, coef[:, None, None] ** gap.clamp(min=0), torch.zeros((), dtype=coef.dtype, device=coef.device))
+    zero = torch.zeros((), dtype=coef.dtype, device=coef.device)
+    return torch.where(upper, coef[:, None, None] ** gap.clamp(min=0), zero)
 
 
 def _apply(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:

@@ -36,7 +36,8 @@ def check_tensor(label: str, name: str, t: Any, shape: tuple[int, ...], device: 
                                 "with .float().")
 
 
-def check_values(label: str, finite: Mapping[str, torch.Tensor], binary: Mapping[str, torch.Tensor] | None = None) -> None:
+def check_values(label: str, finite: Mapping[str, torch.Tensor],
+                 binary: Mapping[str, torch.Tensor] | None = None) -> None:
     """All of ``finite`` are finite and all of ``binary`` are 0/1, in one host sync.
 
     ``min`` and ``max`` propagate NaN and expose infinities, so one fused reduction per tensor (no
