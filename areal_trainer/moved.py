@@ -36,6 +36,7 @@ MOVED = {_P + old: _P + new for old, new in {
     "rollout.trajectory": "rollout.agents.trajectory",
     "rollout.workflow": "rollout.workflows.single_turn",
     "rollout.multiturn": "rollout.workflows.multi_turn",
+    "rollout.batch": "rollout.rows",
     "train.policy_model": "train.models.policy",
     "train.critic_model": "train.models.critic",
     "train.logprobs": "train.models.logprobs",

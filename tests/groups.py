@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from areal_trainer.rollout.batch import make_row, stack_rows
-from areal_trainer.rollout.types import Segment, TrajectoryGroup
+from areal_trainer.rollout.rows import Segment, make_row, stack_rows
+from areal_trainer.rollout.types import TrajectoryGroup
 
 
 def make_group(rewards, *, versions=None, prompt=(5, 6), answer_len: int = 2) -> TrajectoryGroup:

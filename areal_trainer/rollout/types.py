@@ -1,5 +1,5 @@
 """The contracts at the rollout/trainer boundary: what an inference engine and a workflow offer,
-and the one type that crosses it, :class:`TrajectoryGroup`.
+and the one type that crosses it, :class:`TrajectoryGroup` (its rows: ``rows.py``).
 
 Policy versions. The trainer owns the policy version: the number of optimizer updates the
 weights have seen (the step count). It hands weights to an engine together with their version
@@ -13,9 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from types import MappingProxyType
+from typing import Any, Protocol, runtime_checkable
 
 import torch
+
+from .rows import KEYS, Rows, Segment, tensor_problems
 
 
 @dataclass
@@ -56,54 +59,28 @@ class InferenceEngine(Protocol):
         """Sample from ``model``'s current weights, which are policy version ``version``, from now on."""
 
 
-class Segment(NamedTuple):
-    """A contiguous piece of a trajectory row.
-
-    A trainable segment is model output: ``logprobs`` and ``versions`` give each token's behaviour
-    log-probability and policy version, ``turn_id`` its assistant turn (0, 1, ...). The others
-    (prompt, user or tool tokens) have ``logprobs = versions = None`` and ``turn_id = -1``.
-    """
-
-    tokens: list[int]
-    trainable: bool = False
-    logprobs: list[float] | None = None
-    versions: list[int] | None = None
-    turn_id: int = -1
-
-
 def answer_segment(gen: Generation, turn_id: int = 0) -> Segment:
     """The trainable segment of a sampled answer."""
     return Segment(list(gen.output_ids), True, list(gen.logprobs), list(gen.versions), turn_id)
-
-
-ROW_KEYS = ("input_ids", "attention_mask", "loss_mask", "logprobs", "turn_ids", "versions")
-"""The token-aligned ``[G, L]`` tensors of every group (right-padded)."""
-ROW_VALUE_KEYS = ("rewards", "is_truncated")
-"""The per-row ``[G]`` tensors of every group."""
 
 
 @dataclass
 class TrajectoryGroup:
     """The sampled trajectories of one prompt: the unit a workflow returns and the trainer trains on.
 
-    ``tensors`` holds, for the ``G`` rows (one per answer or episode):
-
-    * token-aligned, right-padded ``[G, L]`` (``rollout/batch.py``): ``input_ids``, ``attention_mask``,
-      ``loss_mask`` (1 on model output), ``logprobs`` (behaviour, 0 elsewhere), ``turn_ids`` (int32,
-      -1 off model output), ``versions`` (int32 policy version per token, -1 off model output);
-      optionally ``token_rewards`` (float, process rewards);
-    * per row ``[G]``: ``rewards`` (float), ``is_truncated`` (bool), optionally ``num_turns``.
+    ``rows`` are its ``G`` rows (one per answer, episode or call) as :class:`~areal_trainer.rollout.rows.Rows`
+    (a workflow may give a plain dict of the same tensors, which is checked and wrapped).
 
     ``stats`` are this group's reward metrics (``reward/errors``, ``reward/timeouts``, ... and each
     source's mean; ``RewardScores.typed``), combined over the groups of a step by their reductions.
-    ``prompt_id`` is the prompt's dataset row, set by the trainer's rollout source.
-    ``episode_rows`` / ``episode_rewards`` say which rows belong to one episode (agents' per-call rows).
+    ``prompt_id`` is the prompt's dataset row, set by the trainer's rollout source. ``episode_rows`` /
+    ``episode_rewards`` say which rows belong to one episode (agents' per-call rows).
 
-    Read access by key (``group["rewards"]``) goes to ``tensors``, so a dynamic filter sees the
-    group like a dict.
+    Read access by key (``group["rewards"]``) goes to the rows, so a dynamic filter sees the group like a
+    dict.
     """
 
-    tensors: dict[str, torch.Tensor]
+    rows: Rows
     stats: dict[str, Any] = field(default_factory=dict)
     prompt_id: int | None = None
     episode_rows: tuple[int, ...] | None = None
@@ -116,59 +93,64 @@ class TrajectoryGroup:
     number), before the weighted sum: the held-out accuracy reads its verifier's values from here
     (``evaluator.verifier``). The built-in workflows set it (a multi-turn row: its last answer's values)."""
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.rows, Rows):
+            self.rows = Rows.from_tensors(self.rows, "TrajectoryGroup(...)")
+
+    @property
+    def tensors(self) -> Mapping[str, torch.Tensor]:
+        """The rows' tensors by key, read-only (``dataclasses.replace(group.rows, ...)`` makes changed rows)."""
+        return MappingProxyType(self.rows.as_dict())
+
     def __getitem__(self, key: str) -> torch.Tensor:
-        return self.tensors[key]
+        value = getattr(self.rows, key, None) if key in KEYS else None
+        if value is None:
+            raise KeyError(key)
+        return value
 
     def __contains__(self, key: object) -> bool:
-        return key in self.tensors
+        return isinstance(key, str) and key in KEYS and getattr(self.rows, key) is not None
 
     def get(self, key: str, default: Any = None) -> Any:
-        return self.tensors.get(key, default)
+        return self[key] if key in self else default
 
     def keys(self):
-        return self.tensors.keys()
+        return self.rows.as_dict().keys()
 
     @property
     def n_rows(self) -> int:
-        return int(self.tensors["input_ids"].shape[0])
+        return self.rows.n_rows
 
     @property
     def min_version(self) -> int:
         """The oldest policy version of any sampled token (-1 when nothing was sampled)."""
-        v = self.tensors["versions"]
+        v = self.rows.versions
         v = v[v >= 0]
         return int(v.min()) if v.numel() else -1
 
     def problems(self, label: str) -> list[str]:
-        """What is wrong with this group as a workflow output (empty when it is well formed)."""
-        t = self.tensors
-        missing = [k for k in (*ROW_KEYS, *ROW_VALUE_KEYS) if k not in t]
-        if missing:
-            return [f"{label}: a trajectory group lacks {', '.join(missing)}."]
-        wrong = [k for k in (*ROW_KEYS, *ROW_VALUE_KEYS, "token_rewards", "num_turns")
-                 if k in t and not isinstance(t[k], torch.Tensor)]
-        if wrong:
-            return [f"{label}: {', '.join(wrong)} must be torch tensors; got "
-                    f"{', '.join(type(t[k]).__name__ for k in wrong)}."]
-        shape = tuple(t["input_ids"].shape)
-        if len(shape) != 2:
-            return [f"{label}: input_ids must be [G, L]; got {shape}."]
-        p = [f"{label}: {k} has shape {tuple(t[k].shape)}; expected {shape} like input_ids."
-             for k in (*ROW_KEYS, "token_rewards") if k in t and tuple(t[k].shape) != shape]
-        p += [f"{label}: {k} has shape {tuple(t[k].shape)}; expected ({shape[0]},), one value per row."
-              for k in (*ROW_VALUE_KEYS, "num_turns") if k in t and tuple(t[k].shape) != (shape[0],)]
-        if self.episode_rows is not None and (sum(self.episode_rows) != shape[0] or min(self.episode_rows) < 1
+        """What is wrong with this group as a workflow output beyond its tensors, which its rows checked
+        (empty when it is well formed)."""
+        n = self.n_rows
+        if self.episode_rows is not None and (sum(self.episode_rows) != n or min(self.episode_rows) < 1
                                               or len(self.episode_rewards or ()) != len(self.episode_rows)):
-            p.append(f"{label}: episode_rows {self.episode_rows} must be positive and sum to the group's {shape[0]} "
-                     "rows, with one episode_rewards entry each.")
-        return p
+            return [f"{label}: episode_rows {self.episode_rows} must be positive and sum to the group's {n} "
+                    "rows, with one episode_rewards entry each."]
+        return []
+
+
+def group_problems(obj: Any, label: str) -> list[str]:
+    """What is wrong with a workflow's output item, a :class:`TrajectoryGroup` or a dict of its tensors."""
+    if isinstance(obj, TrajectoryGroup):
+        return obj.problems(label)
+    return tensor_problems(obj, label)
 
 
 def as_group(obj: TrajectoryGroup | Mapping[str, torch.Tensor]) -> TrajectoryGroup:
-    """A workflow output as a :class:`TrajectoryGroup` (a plain dict of tensors is wrapped)."""
+    """A workflow output as a :class:`TrajectoryGroup` (a plain dict of tensors is checked and wrapped)."""
     if isinstance(obj, TrajectoryGroup):
         return obj
-    return TrajectoryGroup(dict(obj))
+    return TrajectoryGroup(Rows.from_tensors(obj))
 
 
 @runtime_checkable

@@ -20,7 +20,8 @@ from types import MappingProxyType
 import torch
 
 from ..loss import PolicyLogprobs
-from ..rollout.batch import concat_groups
+from ..rollout.rows import Rows, concat_rows
+from ..rollout.types import TrajectoryGroup
 
 _GROUPING = ("group_sizes", "prompt_ids", "episodes")
 """The fields of :class:`TrainBatch` about its prompt groups (not row tensors)."""
@@ -37,51 +38,33 @@ def _cut(t: torch.Tensor | None, idx: torch.Tensor, width: int) -> torch.Tensor 
     return t[:, :width] if t.dim() == 2 else t
 
 
-def _episodes(groups: Sequence) -> tuple:
+def _episodes(groups: Sequence[TrajectoryGroup]) -> tuple:
     """Each group's episode rows and rewards (None for a group whose rows are its episodes); () if none has them."""
-    out = tuple((tuple(g.episode_rows), tuple(g.episode_rewards)) if getattr(g, "episode_rows", None) else None
-                for g in groups)
+    out = tuple((tuple(g.episode_rows), tuple(g.episode_rewards)) if g.episode_rows else None for g in groups)
     return out if any(e is not None for e in out) else ()
 
 
 @dataclass(frozen=True)
-class TrainBatch:
-    """One step's rows (``rollout/types.py`` describes each tensor), all on one device.
+class TrainBatch(Rows):
+    """One step's rows, all on one device: the prompt groups' :class:`~areal_trainer.rollout.rows.Rows`
+    concatenated (its fields describe each tensor, ``[B, S]`` and ``[B]``), with the groups they came in.
 
     Attributes:
-        input_ids, attention_mask, loss_mask, logprobs, turn_ids, versions: ``[B, S]`` token-aligned.
-        rewards, is_truncated: ``[B]``.
-        num_turns: ``[B]`` or None; token_rewards: ``[B, S]`` process rewards or None.
         group_sizes: rows of each prompt group, in row order.
         prompt_ids: the dataset row of each prompt group (None where unknown).
         episodes: per prompt group, ``(rows of each episode, reward of each episode)`` when an episode
             may have several rows (agents), else None; empty when no group has them.
     """
 
-    input_ids: torch.Tensor
-    attention_mask: torch.Tensor
-    loss_mask: torch.Tensor
-    logprobs: torch.Tensor
-    turn_ids: torch.Tensor
-    versions: torch.Tensor
-    rewards: torch.Tensor
-    is_truncated: torch.Tensor
-    group_sizes: tuple[int, ...]
+    group_sizes: tuple[int, ...] = ()
     prompt_ids: tuple[int | None, ...] = ()
     episodes: tuple[tuple[tuple[int, ...], tuple[float, ...]] | None, ...] = ()
-    num_turns: torch.Tensor | None = None
-    token_rewards: torch.Tensor | None = None
 
     @classmethod
-    def from_groups(cls, groups: Sequence, device: torch.device) -> TrainBatch:
-        tensors, sizes = concat_groups(groups)
-        names = {f.name for f in fields(cls)} - set(_GROUPING)
-        return cls(**{k: v.to(device) for k, v in tensors.items() if k in names}, group_sizes=tuple(sizes),
-                   prompt_ids=tuple(getattr(g, "prompt_id", None) for g in groups), episodes=_episodes(groups))
-
-    @property
-    def n_rows(self) -> int:
-        return int(self.input_ids.shape[0])
+    def from_groups(cls, groups: Sequence[TrajectoryGroup], device: torch.device) -> TrainBatch:
+        rows = concat_rows([g.rows for g in groups])
+        return cls(**{k: v.to(device) for k, v in rows.as_dict().items()}, group_sizes=tuple(g.n_rows for g in groups),
+                   prompt_ids=tuple(g.prompt_id for g in groups), episodes=_episodes(groups))
 
     @property
     def lengths(self) -> list[int]:

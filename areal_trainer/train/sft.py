@@ -37,8 +37,7 @@ from ..data.datasets import demonstration
 from ..errors import ConfigError, UserError
 from ..model.builtin import has_tools, is_builtin
 from ..model.chat import prompt_ids
-from ..rollout.batch import make_row, stack_rows
-from ..rollout.types import Segment
+from ..rollout.rows import Segment, make_row, stack_rows
 from .models.logprobs import forward_logprobs
 from .models.optim import lr_factor
 from .state import manifest

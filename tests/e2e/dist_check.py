@@ -29,8 +29,7 @@ from areal_trainer.components import load
 from areal_trainer.dist import init_distributed
 from areal_trainer.model import lora
 from areal_trainer.model.builtin import build_model, build_tokenizer
-from areal_trainer.rollout.batch import make_row, stack_rows
-from areal_trainer.rollout.types import Segment
+from areal_trainer.rollout.rows import Segment, make_row, stack_rows
 from areal_trainer.train.batch import TrainBatch, UpdateBatch
 from areal_trainer.train.models.policy import PolicyModel
 from areal_trainer.train.models.teacher import Teachers

@@ -10,8 +10,8 @@ from areal_trainer.components import load
 from areal_trainer.config.schema import GenerationHyperparameters
 from areal_trainer.errors import UserError
 from areal_trainer.model.builtin import build_tokenizer
-from areal_trainer.rollout.batch import concat_groups
 from areal_trainer.rollout.engines.hf import Generation
+from areal_trainer.rollout.rows import concat_rows
 from areal_trainer.rollout.workflows.multi_turn import DEFAULT_FEEDBACK, MultiTurnWorkflow
 from areal_trainer.rollout.workflows.single_turn import prompt_ids
 from tests.groups import reward_service
@@ -232,7 +232,8 @@ def _turn_batch(tok):
              "answer": "9 - 2 = 7\n#### 7"}
     engine = ScriptedEngine(tok, [[WRONG, RIGHT, WRONG, WRONG], [RIGHT, RIGHT, WRONG]])
     wf = MultiTurnWorkflow(engine=engine, tokenizer=tok, reward=reward_runner(), max_turns=2)
-    return concat_groups(wf.rollout([SAMPLE, other], gcfg(n=2)))
+    groups = wf.rollout([SAMPLE, other], gcfg(n=2))
+    return concat_rows([g.rows for g in groups]).as_dict(), [g.n_rows for g in groups]
 
 
 def test_turn_ids_pass_turn_gae_validation(tok):

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from areal_trainer.rollout.agents.session import CallRecord
 from areal_trainer.rollout.agents.trajectory import discounted_rewards, export_rows
-from areal_trainer.rollout.batch import make_row
+from areal_trainer.rollout.rows import make_row
 
 
 def _rec(call, prompt, output, index=0, cid=None):

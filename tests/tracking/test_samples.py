@@ -11,8 +11,8 @@ import torch
 from areal_trainer.advantage.align import aligned_mask
 from areal_trainer.components import load_config
 from areal_trainer.config.schema import StatsLoggerConfig
-from areal_trainer.rollout.batch import concat_groups, make_row, stack_rows
-from areal_trainer.rollout.types import Segment, TrajectoryGroup
+from areal_trainer.rollout.rows import Segment, concat_rows, make_row, stack_rows
+from areal_trainer.rollout.types import TrajectoryGroup
 from areal_trainer.tracking.logger import StatsLogger
 from areal_trainer.tracking.samples import (
     TABLE_COLUMNS,
@@ -118,7 +118,7 @@ def _batch(tok):
     a, b = ids(tok, A) + [tok.eos_token_id], ids(tok, "5") + [tok.eos_token_id]
     g0 = group_of([make_row([Segment(p0), answer(a, 0)]), make_row([Segment(p0), answer(b, 0)])], [1.0, 0.0])
     g1 = group_of([make_row([Segment(p1), answer(b, 0)]), make_row([Segment(p1), answer(a, 0)])], [0.0, 1.0])
-    data, sizes = concat_groups([g0, g1])
+    data, sizes = concat_rows([g0.rows, g1.rows]).as_dict(), [g0.n_rows, g1.n_rows]
     mask = aligned_mask(data["loss_mask"])  # the advantage's next-token aligned mask
     advantages = torch.arange(mask.numel(), dtype=torch.float32).view(mask.shape) * mask
     return data, sizes, advantages, mask, (a, b)

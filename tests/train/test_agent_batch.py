@@ -6,8 +6,8 @@ import torch
 
 from areal_trainer.advantage import AdvantageInputs
 from areal_trainer.components import load
-from areal_trainer.rollout.batch import make_row, stack_rows
-from areal_trainer.rollout.types import Segment, TrajectoryGroup
+from areal_trainer.rollout.rows import Segment, make_row, stack_rows
+from areal_trainer.rollout.types import TrajectoryGroup
 from areal_trainer.train.batch import TrainBatch
 from areal_trainer.train.step import batch_meta
 

@@ -76,13 +76,13 @@ class TextRollout:
 
 
 class ListRewards:
-    """Groups whose rewards are a Python list, not a tensor."""
+    """Groups (dicts of their tensors) whose rewards are a Python list, not a tensor."""
 
     def rollout(self, samples, gconfig):
         out = []
         for _ in samples:
-            g = make_group([1.0, 0.0])
-            g.tensors["rewards"] = [1.0, 0.0]
+            g = dict(make_group([1.0, 0.0]).tensors)
+            g["rewards"] = [1.0, 0.0]
             out.append(g)
         return out
 

@@ -3,6 +3,7 @@ accuracy computed from its own values (``train/evaluate.py``), with numbers work
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from types import SimpleNamespace
 
@@ -172,12 +173,12 @@ def test_auto_accuracy_is_dropped_when_any_value_is_not_0_or_1():
 
 def test_agent_episodes_are_judged_before_the_turn_discount():
     g = make_group([0.9, 0.0, 1.0])
-    g.tensors["num_turns"] = torch.tensor([2.0, 1.0, 1.0])
+    g.rows = dataclasses.replace(g.rows, num_turns=torch.tensor([2.0, 1.0, 1.0]))
     g.episode_rows, g.episode_rewards = (1, 1, 1), (0.9, 0.0, 1.0)
     assert undiscounted_episode_rewards(g, 0.9).tolist() == pytest.approx([1.0, 0.0, 1.0])
     # two calls per episode in the individual export: each row is a call
     g2 = make_group([0.81, 0.9, 0.0])
-    g2.tensors["num_turns"] = torch.ones(3)
+    g2.rows = dataclasses.replace(g2.rows, num_turns=torch.ones(3))
     g2.episode_rows, g2.episode_rewards = (2, 1), (0.81, 0.0)
     assert undiscounted_episode_rewards(g2, 0.9).tolist() == pytest.approx([0.9, 0.0])  # 0.81 / 0.9: not 0 or 1
 

@@ -14,13 +14,11 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from ...errors import UserError
 from ...metrics import Mean, Sum
 from ...model.chat import prompt_ids
-from ..batch import make_row, stack_rows
-from ..types import Segment, TrajectoryGroup
+from ..rows import Rows, Segment
+from ..types import TrajectoryGroup
 from .session import EpisodeSession
 from .trajectory import EXPORTS, discounted_rewards, export_rows
 
@@ -117,18 +115,15 @@ class EpisodeRows:
         if errors and len(errors) > self.max_error_fraction * len(outcomes):
             raise UserError(f"rollout.agent {self.agent}: {len(errors)} of {len(outcomes)} episodes {errors[0]}.")
         if not rows:  # nothing was sampled: one untrained row keeps the prompt's place in the batch
-            tensors = stack_rows([make_row([Segment(prompt_ids(self.tokenizer, sample["messages"]))])])
-            tensors.update(rewards=torch.tensor([self.error_value]), is_truncated=torch.tensor([False]),
-                           num_turns=torch.zeros(1))
+            empty = Rows.from_segments([[Segment(prompt_ids(self.tokenizer, sample["messages"]))]],
+                                       rewards=[self.error_value], truncated=[False], num_turns=[0.0])
             stats["agent/empty_groups"] = Sum(1.0)
-            return TrajectoryGroup(tensors, stats=stats)
-        tensors = stack_rows([make_row(r.segments) for r in rows])
-        tensors["rewards"] = torch.tensor([r.reward for r in rows], dtype=torch.float32)
-        tensors["is_truncated"] = torch.tensor([r.truncated for r in rows])
-        tensors["num_turns"] = torch.tensor([float(r.calls) for r in rows])
+            return TrajectoryGroup(empty, stats=stats)
+        built = Rows.from_segments([r.segments for r in rows], rewards=[r.reward for r in rows],
+                                     truncated=[r.truncated for r in rows], num_turns=[r.calls for r in rows])
         stats["agent/empty_groups"] = Sum(0.0)
         stats["agent/episode_reward"] = Mean(sum(episode_rewards) / len(episode_rewards), len(episode_rewards))
-        return TrajectoryGroup(tensors, stats=stats, episode_rows=tuple(counts), episode_rewards=tuple(episode_rewards))
+        return TrajectoryGroup(built, stats=stats, episode_rows=tuple(counts), episode_rewards=tuple(episode_rewards))
 
 
 def number(x: Any) -> float | None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..types import Segment
+from ..rows import Segment
 from .session import CallRecord
 
 EXPORTS = ("individual", "concat")

@@ -49,14 +49,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from ...errors import UserError, integer_at_least
 from ...metrics import reduce
 from ...model.chat import prompt_ids
-from ..batch import make_row, stack_rows
 from ..limits import capped, engine_positions, new_token_caps, row_tokens
-from ..types import Segment, TrajectoryGroup, answer_segment
+from ..rows import Rows, Segment
+from ..types import TrajectoryGroup, answer_segment
 
 DEFAULT_FEEDBACK = "Your answer is incorrect. Please try again."
 _SENTINEL = "\x00assistant-answer\x00"
@@ -187,11 +185,10 @@ class MultiTurnWorkflow:
         e.active = True
 
     def _group(self, episodes: list[Episode]) -> TrajectoryGroup:
-        tensors = stack_rows([make_row(e.segments) for e in episodes])
-        tensors["rewards"] = torch.tensor([self.episode_reward(e) for e in episodes], dtype=torch.float32)
-        tensors["is_truncated"] = torch.tensor([e.truncated for e in episodes])
-        tensors["num_turns"] = torch.tensor([float(e.num_turns) for e in episodes])
+        rows = Rows.from_segments([e.segments for e in episodes], rewards=[self.episode_reward(e) for e in episodes],
+                                  truncated=[e.truncated for e in episodes],
+                                  num_turns=[e.num_turns for e in episodes])
         # An episode is right when its last answer is (it stops at the first right one): the sources' values
         # of that answer, undiscounted, are what a verifier's held-out accuracy reads.
         values = {name: tuple(e.values.get(name) for e in episodes) for name in episodes[0].values}
-        return TrajectoryGroup(tensors, stats=reduce([s for e in episodes for s in e.stats]), source_values=values)
+        return TrajectoryGroup(rows, stats=reduce([s for e in episodes for s in e.stats]), source_values=values)

@@ -15,12 +15,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from ...model.chat import prompt_ids
-from ..batch import make_row, stack_rows
 from ..limits import capped, engine_positions, new_token_caps
-from ..types import Segment, TrajectoryGroup, answer_segment
+from ..rows import Rows, Segment
+from ..types import TrajectoryGroup, answer_segment
 
 
 class RLVRWorkflow:
@@ -40,10 +38,9 @@ class RLVRWorkflow:
         groups = []
         for i, p in enumerate(prompts):
             mine = gens[i * g:(i + 1) * g]
-            tensors = stack_rows([make_row([Segment(p), answer_segment(x)]) for x in mine])
-            tensors["rewards"] = torch.tensor(scores.rewards[i * g:(i + 1) * g], dtype=torch.float32)
-            tensors["is_truncated"] = torch.tensor([x.truncated for x in mine])
-            tensors["num_turns"] = torch.ones(g)
-            groups.append(TrajectoryGroup(tensors, stats=scores.typed(i * g, (i + 1) * g), source_values={
+            rows = Rows.from_segments([[Segment(p), answer_segment(x)] for x in mine],
+                                      rewards=scores.rewards[i * g:(i + 1) * g], truncated=[x.truncated for x in mine],
+                                      num_turns=[1.0] * g)
+            groups.append(TrajectoryGroup(rows, stats=scores.typed(i * g, (i + 1) * g), source_values={
                 name: tuple(v[i * g:(i + 1) * g]) for name, v in scores.values.items()}))
         return groups

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from ...errors import PluginOutputError, UserError
 from ...metrics import Mean, Metric, Sum, reduce
-from ...rollout.types import TrajectoryGroup, as_group
+from ...rollout.types import TrajectoryGroup, as_group, group_problems
 
 
 @dataclass
@@ -44,10 +44,10 @@ def rollout_groups(workflow, samples: list[dict], ids: Sequence[int], gconfig) -
         raise PluginOutputError(f"{label}: rollout() returned a list of {', '.join(wrong)}; each item must be a "
                                 "TrajectoryGroup (or a dict of its tensors) holding one prompt's trajectories, in "
                                 "prompt order (see areal_trainer.rollout.types.TrajectoryGroup).")
-    groups = [as_group(g) for g in out]
-    problems = [p for g in groups for p in g.problems(label)]
+    problems = [p for g in out for p in group_problems(g, label)]
     if problems:
         raise PluginOutputError("; ".join(dict.fromkeys(problems)))
+    groups = [as_group(g) for g in out]
     for g, i in zip(groups, ids):
         g.prompt_id = int(i)
     return groups
