@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import plugins
+from ..dtypes import fits_float32
 from ..errors import UserError
 from ..plugins import PluginError
 
@@ -45,7 +46,8 @@ FORMS = ("(1) per sample: fn(prompt, completion, answer, **row_fields) -> float 
          "list[float | None], with a parameter named 'completions' or 'prompts'")
 
 Checked = tuple[str, float | None]
-"""A checked result: ``("ok", x)``, ``("none", None)`` or ``("nonfinite", x)``."""
+"""A checked result: ``("ok", x)``, ``("none", None)``, ``("nonfinite", x)`` (NaN or infinite) or
+``("out_of_range", x)`` (finite, but beyond float32: infinite in the trainer's tensors)."""
 
 
 @dataclass(frozen=True)
@@ -217,8 +219,8 @@ class RewardFunction:
             try:
                 x = float(value)
             except OverflowError:  # an int too large for a float
-                return "nonfinite", math.inf
-            return ("ok", x) if math.isfinite(x) else ("nonfinite", x)
+                return "out_of_range", math.inf
+            return classify(x)
         where = "" if index is None else f" at position {index} of its list"
         raise UserError(f"{self.key}: reward function {self.path} returned {_excerpt(value)} "
                         f"({type(value).__name__}){where}; a reward must be a number (float) or None "
@@ -235,6 +237,13 @@ class RewardFunction:
                             f"{n} completions ({_excerpt(values)}); it must return exactly one reward (a number "
                             "or None) per completion, in order.")
         return [self.check(v, i) for i, v in enumerate(values)]
+
+
+def classify(x: float) -> Checked:
+    """A float reward's status: ``ok``, ``nonfinite`` (NaN or infinite) or ``out_of_range`` (beyond float32)."""
+    if fits_float32(x):
+        return "ok", x
+    return ("out_of_range" if math.isfinite(x) else "nonfinite"), x
 
 
 def _excerpt(value: Any, limit: int = 200) -> str:

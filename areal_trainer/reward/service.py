@@ -7,9 +7,13 @@ sum of its sources' values:
 
 * ``None`` ("not applicable", as in TRL) is left out of the sum and counted (``reward/none``); a
   sample no source applies to gets 0.0 (``reward/all_none``);
-* a call that raised, returned NaN/inf, or whose worker died scores ``error_value``, one that ran
-  out of time ``timeout_value`` (counted in ``reward/errors``, ``reward/nonfinite``,
-  ``reward/worker_deaths``, ``reward/timeouts``): one bad sample never stops training;
+* a call that raised, returned NaN/inf, returned a finite number beyond float32 (``1e39``: infinite in the
+  trainer's tensors), or whose worker died scores ``error_value``, one that ran out of time
+  ``timeout_value`` (counted in ``reward/errors``, ``reward/nonfinite``, ``reward/out_of_range``,
+  ``reward/worker_deaths``, ``reward/timeouts``): one bad sample never stops training; the first
+  unusable value of each source is named once, with its sample (a warning);
+* a weighted sum beyond float32 (values in range, weights large) scores ``error_value`` too, counted in
+  ``reward/out_of_range``;
 * but when more than ``max_error_fraction`` of one batch failed for a source (timeouts aside: they
   depend on the machine's load more than on the function), the function is broken for this data and
   the run stops with :class:`~areal_trainer.errors.UserError`, naming it and showing one example.
@@ -21,23 +25,25 @@ Besides the counters, ``reward/<name>`` is each source's mean over the samples i
 from __future__ import annotations
 
 import asyncio
-import math
 import numbers
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
+from ..dtypes import fits_float32
 from ..errors import UserError
 from ..metrics import Mean, Metric, Sum
 from .dispatch import CallOutcome
-from .functions import RewardFunction, RewardSample
+from .functions import RewardFunction, RewardSample, classify
 from .pool import WorkerPool, run_sync
 
-STATUSES = ("ok", "none", "error", "timeout", "died", "nonfinite")
-COUNTERS = ("errors", "timeouts", "worker_deaths", "nonfinite", "none", "all_none")
+STATUSES = ("ok", "none", "error", "timeout", "died", "nonfinite", "out_of_range")
+COUNTERS = ("errors", "timeouts", "worker_deaths", "nonfinite", "out_of_range", "none", "all_none")
 _COUNTER_OF = {"error": "errors", "timeout": "timeouts", "died": "worker_deaths", "nonfinite": "nonfinite",
-               "none": "none"}
-_FAILURES = ("error", "died", "nonfinite")
+               "out_of_range": "out_of_range", "none": "none"}
+_FAILURES = ("error", "died", "nonfinite", "out_of_range")
+_UNUSABLE = {"nonfinite": "NaN or infinite", "out_of_range": "beyond float32, infinite in the trainer's tensors"}
 """Statuses that count towards ``max_error_fraction``."""
 
 
@@ -56,11 +62,13 @@ class SourceResult(NamedTuple):
             if v is not None and not isinstance(v, numbers.Real):
                 raise UserError(f"reward source {label} gave {v!r:.200} ({type(v).__name__}); a reward must be a "
                                 "number or None.")
-            x = None if v is None else float(v)
-            status = "none" if x is None else "ok" if math.isfinite(x) else "nonfinite"
+            try:
+                status, x = ("none", None) if v is None else classify(float(v))
+            except OverflowError:  # an int too large for a float
+                status, x = "out_of_range", v
             out.values.append(x if status == "ok" else None)
             out.status.append(status)
-            out.details.append(f"returned {x!r}" if status == "nonfinite" else "")
+            out.details.append(f"returned {x!r:.100}" if status in _UNUSABLE else "")
         return out
 
 
@@ -108,8 +116,8 @@ class FunctionReward:
 
 
 def _row(status: str, value: float | None) -> tuple[str, float | None, str]:
-    if status == "nonfinite":
-        return status, None, f"returned {value!r}"
+    if status in _UNUSABLE:
+        return status, None, f"returned {value!r:.100}"
     return status, value, ""
 
 
@@ -144,6 +152,7 @@ class RewardScores:
     timeouts: list[int]
     worker_deaths: list[int]
     nonfinite: list[int]
+    out_of_range: list[int]
     none: list[int]
     all_none: list[int]
     values: dict[str, list[float | None]] = field(default_factory=dict)
@@ -193,6 +202,8 @@ class RewardService:
         self.error_value, self.timeout_value = float(error_value), float(timeout_value)
         self.max_error_fraction = float(max_error_fraction)
         self.names = unique_names([s.name for s in self.sources])
+        self._named: set[tuple[str, str]] = set()
+        """(source, status) pairs whose first unusable value was named already."""
 
     def score(self, samples: Sequence[RewardSample]) -> RewardScores:
         """:meth:`ascore` from synchronous code (also from a thread that runs an event loop)."""
@@ -213,6 +224,12 @@ class RewardService:
             self._check_failures(source, result, samples)
         for name, weight, result in zip(self.names, self.weights, results):
             self._add(scores, name, weight, result)
+        for source, result in zip(self.sources, results):
+            self._name_unusable(source, result, samples)
+        for i, total in enumerate(scores.rewards):
+            if not fits_float32(total):  # each value in range, their weighted sum is not
+                scores.rewards[i] = self.error_value
+                scores.out_of_range[i] += 1
         for i, none in enumerate(scores.none):
             if none == len(self.sources):  # no source applies to this sample
                 scores.all_none[i], scores.rewards[i] = 1, 0.0
@@ -251,13 +268,27 @@ class RewardService:
         counts = {st: result.status.count(st) for st in _FAILURES}
         i = failed[0]
         label = getattr(source, "label", source.name)
+        beyond = f", {counts['out_of_range']} a number beyond float32" if counts["out_of_range"] else ""
         raise UserError(
             f"reward source {label} failed on {len(failed)} of {len(samples)} samples of one batch (more than "
             f"max_error_fraction={self.max_error_fraction}): {counts['error']} raised, {counts['died']} killed "
-            f"their worker process, {counts['nonfinite']} returned NaN or infinity. Example: "
+            f"their worker process, {counts['nonfinite']} returned NaN or infinity{beyond}. Example: "
             f"completion={_excerpt(samples[i].completion)!r}, answer={_excerpt(samples[i].answer, 100)!r} -> "
             f"{result.details[i]}. Fix the function (workers=0 runs it in the trainer, for a debugger), or raise "
             "max_error_fraction.")
+
+    def _name_unusable(self, source, result: SourceResult, samples: list[RewardSample]) -> None:
+        """A warning for the first NaN, infinite or out-of-range value of each source (then only counted)."""
+        label = getattr(source, "label", source.name)
+        for status, what in _UNUSABLE.items():
+            if (label, status) in self._named or status not in result.status:
+                continue
+            self._named.add((label, status))
+            i, n = result.status.index(status), result.status.count(status)
+            print(f"warning: reward source {label} {result.details[i]} ({what}) on {n} of {len(samples)} samples "
+                  f"of this batch, e.g. for completion={_excerpt(samples[i].completion, 80)!r}; such samples score "
+                  f"reward.error_value={self.error_value:g} and are counted in reward/{_COUNTER_OF[status]} (this "
+                  "warning is not repeated).", file=sys.stderr, flush=True)
 
     def _add(self, scores: RewardScores, name: str, weight: float, result: SourceResult) -> None:
         scored = scores.values[name]

@@ -5,6 +5,7 @@ import asyncio
 import time
 
 import pytest
+import torch
 
 from areal_trainer.errors import UserError
 from areal_trainer.reward.functions import RewardFunction, RewardSample
@@ -61,8 +62,8 @@ def test_weighted_sum_with_none_left_out():
     assert m["reward/exact"] == pytest.approx(1 / 3) and m["reward/close_enough"] == pytest.approx(2 / 3)
     assert m["reward/judge"] == 1.0 and m["reward/none"] == 2.0 and m["reward/errors"] == 0.0
     assert scores.stats(1, 3) == {"reward/errors": 0.0, "reward/timeouts": 0.0, "reward/worker_deaths": 0.0,
-                                  "reward/nonfinite": 0.0, "reward/none": 2.0, "reward/all_none": 0.0,
-                                  "reward/exact": 0.0, "reward/close_enough": 0.5}
+                                  "reward/nonfinite": 0.0, "reward/out_of_range": 0.0, "reward/none": 2.0,
+                                  "reward/all_none": 0.0, "reward/exact": 0.0, "reward/close_enough": 0.5}
 
 
 def test_a_sample_no_source_applies_to_gets_zero():
@@ -101,13 +102,38 @@ def test_every_kind_of_bad_behaviour_is_scored_and_counted():
                               "reward/none", "reward/all_none")} == {
         "reward/errors": 1.0, "reward/timeouts": 1.0, "reward/worker_deaths": 1.0, "reward/nonfinite": 1.0,
         "reward/none": 1.0, "reward/all_none": 1.0}
-    assert scores.stats(0, 2) == {**{f"reward/{c}": 0.0 for c in ("errors", "worker_deaths", "nonfinite", "none",
-                                                                  "all_none")},
+    assert scores.stats(0, 2) == {**{f"reward/{c}": 0.0 for c in ("errors", "worker_deaths", "nonfinite",
+                                                                  "out_of_range", "none", "all_none")},
                                   "reward/timeouts": 1.0, "reward/by_completion": 0.5}
     pids = {int(v) for v in scores.values["by_completion"][8:]} | set(fn.pool.pids)
     assert fn.pool.restarts == 2  # the hung worker was killed, the exited one replaced
     service.close()
     assert fn.pool.pids == [] and all(wait_dead(p) for p in pids)
+
+
+def test_values_beyond_float32_are_counted_named_once_and_never_reach_the_batch(capsys):
+    """1e39 is a finite Python float and infinite in float32, which the trainer's tensors are."""
+    samples = [RewardSample("q", c) for c in ("ok:1e39", "ok:0.5", "ok:-1e39", "ok:3e38", "nan", "ok:1")]
+    service = RewardService([source("by_completion")], error_value=-1.0, max_error_fraction=0.9)
+    scores = service.score(samples)
+    assert scores.rewards == [-1.0, 0.5, -1.0, 3e38, -1.0, 1.0]
+    assert scores.out_of_range == [1, 0, 1, 0, 0, 0] and scores.nonfinite == [0, 0, 0, 0, 1, 0]
+    assert scores.metrics()["reward/out_of_range"] == 2.0
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "warning: reward source tests.plugins.by_completion returned nan (NaN or infinite) on 1 of 6 samples of "
+        "this batch, e.g. for completion='nan'; such samples score reward.error_value=-1 and are counted in "
+        "reward/nonfinite (this warning is not repeated).",
+        "warning: reward source tests.plugins.by_completion returned 1e+39 (beyond float32, infinite in the "
+        "trainer's tensors) on 2 of 6 samples of this batch, e.g. for completion='ok:1e39'; such samples score "
+        "reward.error_value=-1 and are counted in reward/out_of_range (this warning is not repeated)."]
+    service.score(samples)
+    assert capsys.readouterr().err == ""  # named once per source and kind
+    # each value in range, the weighted sum not: scored error_value, counted once
+    twice = RewardService([source("by_completion"), source("by_completion")], error_value=0.0)
+    scores = twice.score([RewardSample("q", "ok:3e38"), RewardSample("q", "ok:1")])
+    assert scores.rewards == [0.0, 2.0] and scores.out_of_range == [1, 0]
+    assert torch.isfinite(torch.tensor(scores.rewards, dtype=torch.float32)).all()
 
 
 def test_too_many_failures_in_one_batch_stop_the_run_with_an_example():

@@ -348,3 +348,45 @@ def test_a_call_waiting_for_episodes_that_cannot_ask_samples_what_is_queued_afte
     assert sum(g.stats.get("agent/batch_wait_timeouts", Sum(0.0)).value for g in groups) >= 1
     err = capsys.readouterr().err
     assert err.count("stopped waiting for episodes") == 1 and "rollout.agent_batch_wait=0.2 s" in err
+
+
+async def overflowing(data, *, client):
+    """Episode 0 returns 1e39, 1 sets a reward of 1e308 (refused: 400), 2 returns {id: inf}, 3 returns 0.5."""
+    r = await client.chat.completions.create(model="m", messages=data["messages"])
+    if data["id"] == 0:
+        return 1e39
+    if data["id"] == 1:
+        try:
+            client.set_reward(r.id, 1e308)
+        except Exception as e:  # noqa: BLE001 - the refusal is what is tested
+            return 0.25 if "within float32" in str(e) else 0.0
+    if data["id"] == 2:
+        return {r.id: float("inf")}
+    return 0.5
+
+
+def test_agent_rewards_beyond_float32_are_bad_results_never_infinite_rows(tok, capsys):
+    """1e39 and inf would be infinite float32 rewards: such an episode is a bad result (counted, trained with
+    reward.error_value), and ``set_reward`` refuses a value beyond float32 with a 400."""
+    wf = _workflow(Scripted(tok, "7"), tok, "tests.rollout.test_agent.overflowing")  # error_value -1
+    groups = wf.rollout(_samples(4), GenerationHyperparameters(n_samples=1, max_new_tokens=4))
+    assert [g["rewards"].tolist() for g in groups] == [[-1.0], [0.25], [-1.0], [0.5]]
+    assert [g.stats["agent/bad_results"].value for g in groups] == [1, 0, 1, 0]
+    assert all(torch.isfinite(g["rewards"]).all() for g in groups)
+    assert ("warning: rollout.agent tests.rollout.test_agent.overflowing: 2 of 4 episodes in this rollout had an "
+            "unusable result (counted in agent/bad_results; trained with reward.error_value=-1, the run stops above "
+            "reward.max_error_fraction=0.5); the first returned 1e+39; an agent returns a float reward (finite, "
+            "within float32) or {completion_id: reward}.") in capsys.readouterr().err.splitlines()
+
+
+def test_unusable_results_stop_the_run_by_their_share_of_the_rollout_not_of_one_group(tok):
+    """Groups of one (held-out evaluation, ``gconfig.n_samples=1``): one bad episode of four is counted, not
+    fatal; all four are."""
+    wf = _workflow(Scripted(tok, "7"), tok, "tests.rollout.test_agent.overflowing")
+    gconfig = GenerationHyperparameters(n_samples=1, max_new_tokens=4)
+    by_id = _samples(4)  # 0: returns 1e39, 2: returns {id: inf}, 3: returns 0.5
+    groups = wf.rollout([by_id[0], by_id[3], by_id[3]], gconfig)
+    assert [g.stats["agent/bad_results"].value for g in groups] == [1, 0, 0]
+    with pytest.raises(UserError, match=r"overflowing: 2 of 2 episodes of one rollout had an unusable result \(more "
+                                        r"than reward.max_error_fraction=0.5\); the first returned 1e\+39"):
+        wf.rollout([by_id[0], by_id[2]], gconfig)

@@ -33,7 +33,6 @@ import asyncio
 import inspect
 import json
 import logging
-import math
 import secrets
 import socket
 import threading
@@ -46,6 +45,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from areal_trainer.dtypes import fits_float32
 from areal_trainer.rollout.agents.openai_types import ChatCompletion
 from areal_trainer.rollout.agents.requests import ChatRequest, RequestError, parse_chat_request
 
@@ -116,8 +116,9 @@ async def _json_object(request: Request) -> dict[str, Any]:
 def _reward_body(body: dict[str, Any]) -> tuple[float, str | None]:
     """``(reward, completion_id)`` of a ``set_reward`` body; raises ``RequestError`` (400) naming the field."""
     reward, completion_id = body.get("reward"), body.get("completion_id")
-    if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
-        raise RequestError(400, f"Invalid value for 'reward': expected a finite number, got {reward!r}.",
+    if isinstance(reward, bool) or not isinstance(reward, int | float) or not fits_float32(reward):
+        raise RequestError(400, "Invalid value for 'reward': expected a finite number within float32, got "
+                           f"{reward!r:.80}.",
                            param="reward", code="invalid_value")
     if completion_id is not None and not isinstance(completion_id, str):
         raise RequestError(400, "Invalid value for 'completion_id': expected the id of a chat "

@@ -14,6 +14,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from ...dtypes import fits_float32
 from ...errors import UserError
 from ...metrics import Mean, Sum
 from ...model.chat import prompt_ids
@@ -54,7 +55,7 @@ class EpisodeRows:
         self.tokenizer, self.agent, self.export = tokenizer, agent, export
         self.error_value, self.max_error_fraction = float(error_value), float(max_error_fraction)
         self.turn_discount = float(turn_discount)
-        self._warned_errors = False
+        self._warned_errors = self._warned_results = False
 
     def check_errors(self, outcomes: list[Outcome]) -> None:
         """Stop the run when too many of a rollout call's episodes raised; name the first failure once."""
@@ -86,16 +87,47 @@ class EpisodeRows:
             for r in records:
                 if r.completion_id in result:
                     r.reward = number(result[r.completion_id])
+            bad = [v for v in result.values() if v is not None and number(v) is None]
+            if bad:
+                return f"returned the reward {bad[0]!r:.80}; a reward is a finite number within float32"
             rewards = [r.reward for r in records]
-            return rewards if all(x is None or x == x for x in rewards) else "returned a non-number reward"
-        value = number(result)
-        if value is None or value != value:
-            return f"returned {result!r}; an agent returns a float reward or {{completion_id: reward}}"
-        rewards[-1] = value
+        else:
+            value = number(result)
+            if value is None:
+                return (f"returned {result!r:.80}; an agent returns a float reward (finite, within float32) or "
+                        "{completion_id: reward}")
+            rewards[-1] = value
+        total = discounted_rewards(rewards, self.turn_discount)
+        if not all(fits_float32(x) for x in total):
+            return "gave rewards whose discounted sum leaves float32"
         return rewards
 
-    def group(self, sample: dict, outcomes: list[Outcome]) -> TrajectoryGroup:
-        """One prompt's group: its episodes' rows in episode order, with each episode's row count and reward."""
+    def groups(self, samples: list[dict], outcomes: list[Outcome]) -> list[TrajectoryGroup]:
+        """The groups of one rollout call, ``len(outcomes) // len(samples)`` episodes per prompt. An episode whose
+        result is unusable (not a number, or beyond float32) is trained with ``error_value`` and counted
+        (``agent/bad_results``), the first of the run named once; the run stops when more than
+        ``max_error_fraction`` of the call's episodes (not of one group: a group may have one episode) had one."""
+        g = len(outcomes) // max(len(samples), 1)
+        built, bad = [], []
+        for i, sample in enumerate(samples):
+            group, errors = self.group(sample, outcomes[i * g:(i + 1) * g])
+            built.append(group)
+            bad += errors
+        if bad and len(bad) > self.max_error_fraction * len(outcomes):
+            raise UserError(f"rollout.agent {self.agent}: {len(bad)} of {len(outcomes)} episodes of one rollout had "
+                            f"an unusable result (more than reward.max_error_fraction={self.max_error_fraction:g}); "
+                            f"the first {bad[0]}.")
+        if bad and not self._warned_results:
+            self._warned_results = True
+            print(f"warning: rollout.agent {self.agent}: {len(bad)} of {len(outcomes)} episodes in this rollout had an "
+                  f"unusable result (counted in agent/bad_results; trained with reward.error_value="
+                  f"{self.error_value:g}, the run stops above reward.max_error_fraction={self.max_error_fraction:g}); "
+                  f"the first {bad[0]}.", file=sys.stderr, flush=True)
+        return built
+
+    def group(self, sample: dict, outcomes: list[Outcome]) -> tuple[TrajectoryGroup, list[str]]:
+        """One prompt's group: its episodes' rows in episode order, with each episode's row count and reward;
+        and what was wrong with each unusable result."""
         rows, counts, episode_rewards, errors, stats = [], [], [], [], counters(outcomes)
         for o in outcomes:
             if not o.session.records:
@@ -112,28 +144,29 @@ class EpisodeRows:
             episode_rewards.append(returns[0])
         stats["agent/bad_results"] = Sum(float(len(errors)))
         stats["agent/errors"] = Sum(stats["agent/errors"].value + len(errors))
-        if errors and len(errors) > self.max_error_fraction * len(outcomes):
-            raise UserError(f"rollout.agent {self.agent}: {len(errors)} of {len(outcomes)} episodes {errors[0]}.")
         if not rows:  # nothing was sampled: one untrained row keeps the prompt's place in the batch
             empty = Rows.from_segments([[Segment(prompt_ids(self.tokenizer, sample["messages"]))]],
                                        rewards=[self.error_value], truncated=[False], num_turns=[0.0])
             stats["agent/empty_groups"] = Sum(1.0)
-            return TrajectoryGroup(empty, stats=stats)
+            return TrajectoryGroup(empty, stats=stats), errors
         built = Rows.from_segments([r.segments for r in rows], rewards=[r.reward for r in rows],
                                      truncated=[r.truncated for r in rows], num_turns=[r.calls for r in rows])
         stats["agent/empty_groups"] = Sum(0.0)
         stats["agent/episode_reward"] = Mean(sum(episode_rewards) / len(episode_rewards), len(episode_rewards))
-        return TrajectoryGroup(built, stats=stats, episode_rows=tuple(counts), episode_rewards=tuple(episode_rewards))
+        return (TrajectoryGroup(built, stats=stats, episode_rows=tuple(counts), episode_rewards=tuple(episode_rewards)),
+                errors)
 
 
 def number(x: Any) -> float | None:
-    """A reward as a float (a Python number or a one-element tensor/array); None for anything else."""
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        try:
-            return float(x.item()) if hasattr(x, "item") else None
-        except Exception:  # noqa: BLE001 - not a number
-            return None
-    return float(x)
+    """A reward as a float (a Python number or a one-element tensor/array) that stays finite as a float32;
+    None for anything else (NaN, infinity, ``1e39``, text, ...)."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)) and not hasattr(x, "item"):
+        return None
+    try:
+        value = float(x) if isinstance(x, (int, float)) else float(x.item())
+    except Exception:  # noqa: BLE001 - not a number, or an int too large for a float
+        return None
+    return value if fits_float32(value) else None
 
 
 def counters(outcomes: list[Outcome]) -> dict[str, Sum]:

@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ...dtypes import fits_float32
 from ...model.chat import template_message, unknown_pieces
 from ..engines.batcher import GenerationBatcher
 from ..limits import engine_positions, row_tokens
@@ -208,8 +208,9 @@ class EpisodeSession:
     def _set_reward(self, completion_id: str | None, reward: Any) -> None:
         if self.closed:
             raise RequestError(409, "this episode has ended; its rewards cannot be changed any more.")
-        if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
-            raise RequestError(400, f"reward must be a finite number, got {reward!r}.", param="reward")
+        if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not fits_float32(reward):
+            raise RequestError(400, f"reward must be a finite number within float32, got {reward!r:.80}.",
+                               param="reward")
         if completion_id is None:
             if not self.records:
                 raise RequestError(404, "this episode has made no call yet, so there is no call to reward.")

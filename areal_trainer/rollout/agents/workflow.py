@@ -156,7 +156,7 @@ class AgentWorkflow:
         self.batch_calls += batcher.calls
         self._notify(outcomes, batcher.forced)
         self.rows.check_errors(outcomes)
-        groups = [self.rows.group(samples[i], outcomes[i * g:(i + 1) * g]) for i in range(len(samples))]
+        groups = self.rows.groups(samples, outcomes)
         if groups:  # a count of the whole rollout call: on its first group, so that the sum over groups is it
             groups[0].stats["agent/batch_wait_timeouts"] = Sum(float(batcher.forced))
         return groups
