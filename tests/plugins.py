@@ -196,6 +196,8 @@ def behave(mode: str, value: float = 1.0):
         os.kill(os.getpid(), signal.SIGKILL)
     if mode == "nan":
         return float("nan")
+    if mode == "huge":  # finite in Python, infinite in float32
+        return 1e39
     if mode == "none":
         return None
     if mode == "text":

@@ -4,6 +4,7 @@ in every way (the run completes, each failure is counted, no worker outlives it)
 a scoring service, alone and weighted with a function, and a service that fails."""
 
 import json
+import math
 import socket
 import uuid
 
@@ -96,6 +97,19 @@ def test_a_reward_that_hangs_raises_returns_nan_or_none_or_exits_costs_nothing_b
     assert r["reward/by_mode"] == 1.0  # the mean over the samples it gave a number for
     assert r["reward/sampled"] == pytest.approx((2 * 1.0 + 2 * -1.0 + 6 * -2.0 + 2 * 0.0) / 12)
     assert processes_left(marker) == []  # none outlives the run
+
+
+def test_a_reward_of_1e39_on_one_prompt_in_eight_is_counted_named_once_and_the_run_finishes(tmp_path):
+    rows = [dict(r, mode="huge" if i % 8 == 3 else "ok") for i, r in enumerate(_arith(16))]
+    data = _write(tmp_path / "train.jsonl", rows)
+    proc = cli([*BASE, "trial_name=t", f"train_dataset.path={data}", "train_dataset.shuffle=false",
+                "train_dataset.batch_size=8", "total_train_steps=2", "reward.fn=tests.plugins.by_mode"], cwd=tmp_path)
+    records = step_records(tmp_path / "outputs" / "grpo" / "t")
+    assert [records[s]["reward/out_of_range"] for s in (1, 2)] == [2.0, 2.0]  # its prompt's two answers each step
+    assert all(math.isfinite(v) for r in records.values() for v in r.values() if isinstance(v, float))
+    lines = [x for x in proc.stderr.splitlines() if "1e+39" in x]
+    assert len(lines) == 1 and lines[0].startswith("warning: reward source tests.plugins.by_mode returned 1e+39 "
+                                                   "(beyond float32, infinite in the trainer's tensors)"), lines
 
 
 # -- reward models and scoring services --------------------------------------------------------------
