@@ -99,6 +99,7 @@ def _agent(cfg, problems: list[str], light: bool = False) -> tuple[type | None, 
     return AgentWorkflow, dict(agent=spec, timeout=r.agent_timeout, export=r.agent_export,
                                turn_discount=r.turn_discount, tool_call_parser=r.tool_call_parser,
                                batching=r.agent_batching, batch_wait=r.agent_batch_wait,
+                               max_calls=r.agent_max_calls, max_choices=r.agent_max_choices,
                                max_concurrent=None if r.max_concurrent_rollouts is None
                                else r.max_concurrent_rollouts * cfg.gconfig.n_samples)
 

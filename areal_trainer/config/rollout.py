@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..dtypes import DTYPE_NAMES
+from ..errors import integer_at_least
 from .base import Checked, at_least_one, fraction, is_number, one_of
 
 DEFAULT_WORKFLOW = "areal_trainer.rollout.workflows.single_turn.RLVRWorkflow"
@@ -85,6 +86,11 @@ class RolloutConfig(Checked):
     episode's end before it samples the requests queued so far (counted in ``agent/batch_wait_timeouts``,
     warned once: such calls depend on timing). Ends a standstill, e.g. an HTTP client that allows fewer
     connections than the agent has episodes in flight. null: wait as long as it takes."""
+    agent_max_calls: int = 64
+    """The most chat calls one episode may make; a call beyond it is refused (HTTP 429, also in process) and
+    counted in ``agent/bad_requests``, so a looping agent cannot grow an episode without bound."""
+    agent_max_choices: int = 16
+    """The largest ``n`` (choices) of one chat request; a larger one is refused (HTTP 400), and counted."""
     tool_call_parser: str = "hermes"
     """How tool calls are read out of the model's text: ``hermes`` (Qwen, ``<tool_call>{json}</tool_call>``),
     ``mistral``, ``llama3_json``, or the import path of a parser class."""
@@ -109,6 +115,8 @@ class RolloutConfig(Checked):
         if self.agent_batch_wait is not None and not (is_number(self.agent_batch_wait) and self.agent_batch_wait > 0):
             p.append(f"{key}.agent_batch_wait: got {self.agent_batch_wait!r}; must be > 0 seconds, "
                      "or null for no limit.")
+        p += integer_at_least(f"{key}.agent_max_calls", self.agent_max_calls, 1)
+        p += integer_at_least(f"{key}.agent_max_choices", self.agent_max_choices, 1)
         if self.agent_timeout is not None and not (is_number(self.agent_timeout) and self.agent_timeout > 0):
             p.append(f"{key}.agent_timeout: got {self.agent_timeout!r}; must be > 0 seconds, or null for no limit.")
         if not (is_number(self.turn_discount) and 0 < self.turn_discount <= 1):

@@ -82,9 +82,9 @@ class Stack:
         self.server = EndpointServer()
         self.server.start()
 
-    def episode(self, gconfig=G, index=0):
+    def episode(self, gconfig=G, index=0, **limits):
         session = EpisodeSession(episode=index, tokenizer=self.tokenizer, batcher=self.batcher, gconfig=gconfig,
-                                 parser=self.parser)
+                                 parser=self.parser, **limits)
         return session, self.server.open_episode(LoopHandler(session, self.loop.loop))
 
     def client(self, key, cls=openai.OpenAI):

@@ -17,9 +17,10 @@ block, e.g. on ``asyncio.run_coroutine_threadsafe(...).result()``. ``LoopHandler
 whose coroutines must run on another loop (the rollout engine's), which is what the trainer needs.
 
 Errors are OpenAI-style JSON (``{"error": {...}}``) so clients raise their usual exceptions:
-401 for a missing or unknown key, 400 for a malformed body, 404 for an unknown route, a handler's
-``RequestError`` with its status, and 500 (with the exception's type and message; the traceback
-goes to this module's logger) for anything else a handler raises. uvicorn's access log is off and
+401 for a missing or unknown key, 400 for a malformed body, 413 for a body over ``MAX_BODY_BYTES`` (refused
+before it is read whole), 404 for an unknown route, a handler's ``RequestError`` with its status, and 500
+(with the exception's type and message; the traceback goes to this module's logger) for anything else a
+handler raises. uvicorn's access log is off and
 its logging configuration is not installed, so the trainer's logging stays as it is.
 
 ``stop()`` waits for requests in flight for up to ``GRACE_S`` seconds, then cancels them, and
@@ -54,6 +55,8 @@ logger = logging.getLogger(__name__)
 MODEL_ID = "policy"
 GRACE_S = 3  # how long stop() lets requests in flight finish
 KEEP_ALIVE_S = 600
+MAX_BODY_BYTES = 8 * 2 ** 20
+"""The largest request body the endpoint reads (8 MiB: a long conversation with tools is well under 1 MiB)."""
 """How long an idle connection stays open. A client reuses its pooled connections; one the server closes
 at the moment the client sends on it fails that request (a read error, ``openai.APIConnectionError``).
 With uvicorn's default of 5 s that race hit about one request in a few hundred whenever a rollout's
@@ -102,8 +105,23 @@ def _error(err: RequestError) -> JSONResponse:
     return JSONResponse(err.body(), status_code=err.status)
 
 
+async def _read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
+    """The request's body, read until ``limit`` bytes at most: a larger one is refused (413) without being
+    read whole."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise RequestError(413, f"The request body has {int(declared)} bytes; at most {limit} are accepted.")
+    parts, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise RequestError(413, f"The request body has more than {limit} bytes; at most {limit} are accepted.")
+        parts.append(chunk)
+    return b"".join(parts)
+
+
 async def _json_object(request: Request) -> dict[str, Any]:
-    raw = await request.body()
+    raw = await _read_body(request)
     try:
         body = json.loads(raw or b"null")
     except (json.JSONDecodeError, UnicodeDecodeError) as e:

@@ -73,9 +73,10 @@ class EpisodeCounters:
     """``call_tool`` runs that failed: an unknown tool, bad arguments, or the tool raised."""
     length_refusals: int = 0
     truncated: int = 0
-    bad_requests: int = 0
-    """Requests refused with a 4xx: malformed, unrenderable, an unknown completion id, a reward too early."""
     """Answers that stopped at their token budget (``max_tokens``, ``gconfig.max_new_tokens`` or the row limit)."""
+    bad_requests: int = 0
+    """Requests refused with a 4xx: malformed, unrenderable, an unknown completion id, a reward too early, too
+    many choices or calls."""
 
 
 class EpisodeSession:
@@ -88,12 +89,14 @@ class EpisodeSession:
         gconfig: the rollout's sampling settings (``gconfig``).
         parser: reads tool calls out of sampled text.
         model_name: the name responses carry.
+        max_calls: the most calls of the episode (``rollout.agent_max_calls``); one more is refused with 429.
+        max_choices: the largest ``n`` of one request (``rollout.agent_max_choices``); a larger one: 400.
     """
 
     def __init__(self, *, episode: int, tokenizer, batcher: GenerationBatcher, gconfig: Any,
-                 parser: ToolCallParser, model_name: str = "policy"):
+                 parser: ToolCallParser, model_name: str = "policy", max_calls: int = 64, max_choices: int = 16):
         self.episode, self.tokenizer, self.batcher, self.gconfig = episode, tokenizer, batcher, gconfig
-        self.parser, self.model_name = parser, model_name
+        self.parser, self.model_name, self.max_calls, self.max_choices = parser, model_name, max_calls, max_choices
         self.records: list[CallRecord] = []
         self.counters = EpisodeCounters()
         self.first_bad_request: str | None = None
@@ -156,6 +159,12 @@ class EpisodeSession:
     async def _create(self, request: ChatRequest) -> ChatCompletion:
         if self.closed:
             raise RequestError(409, "this episode has ended; its client cannot be used any more.")
+        if request.n > self.max_choices:
+            raise RequestError(400, f"n={request.n} is more choices than one request may ask for (at most "
+                               f"rollout.agent_max_choices={self.max_choices}).", param="n")
+        if self._calls >= self.max_calls:
+            raise RequestError(429, f"this episode has made its {self.max_calls} calls (rollout.agent_max_calls); "
+                               "end the episode, or raise the limit.")
         prompt = self.render(request)
         call, self._calls = self._calls, self._calls + 1
         self.counters.calls += 1

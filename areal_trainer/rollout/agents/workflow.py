@@ -100,17 +100,19 @@ class AgentWorkflow:
             free (``engines/batcher.py``).
         batch_wait: with ``episodes``, the most seconds a call waits without news (a request, an episode's
             end) before it samples what is queued (None: no limit).
+        max_calls, max_choices: the most calls of one episode, and the largest ``n`` of one request
+            (``rollout.agent_max_calls``, ``rollout.agent_max_choices``).
         server: a started ``EndpointServer`` for ``http`` agents (None: started on first use).
     """
 
     def __init__(self, *, engine, tokenizer, reward, agent: AgentSpec, timeout: float | None = None,
                  export: str = "individual", turn_discount: float = 1.0, tool_call_parser: str = "hermes",
                  max_concurrent: int | None = None, batching: str = "episodes", batch_wait: float | None = 30.0,
-                 server=None):
+                 max_calls: int = 64, max_choices: int = 16, server=None):
         if batching not in BATCHING:
             raise UserError(f"rollout.agent_batching: got {batching!r}; must be one of {', '.join(BATCHING)}.")
         self.engine, self.tokenizer, self.reward, self.agent = engine, tokenizer, reward, agent
-        self.timeout = timeout
+        self.timeout, self.max_calls, self.max_choices = timeout, max_calls, max_choices
         self.parser = get_parser(tool_call_parser)
         self.max_concurrent, self.batching, self.batch_wait, self.server = max_concurrent, batching, batch_wait, server
         self.instance = agent.target(**agent.kwargs) if agent.is_class else None
@@ -171,7 +173,7 @@ class AgentWorkflow:
 
     async def _run_episode(self, index: int, sample: dict, batcher: GenerationBatcher, gconfig: Any) -> Outcome:
         session = EpisodeSession(episode=index, tokenizer=self.tokenizer, batcher=batcher, gconfig=gconfig,
-                                 parser=self.parser)
+                                 parser=self.parser, max_calls=self.max_calls, max_choices=self.max_choices)
         key = None
         try:
             async with asyncio.timeout(self.timeout) as deadline:
