@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 
 
 def _number(text: str | None) -> str | None:
@@ -145,3 +146,17 @@ class FewConnections:
         async with self.slots:
             r = await client.chat.completions.create(model="m", messages=data["messages"], max_tokens=2)
         return float(bool(r.choices[0].message.content))
+
+
+async def blocks_its_loop(data, *, client, every: int = 5, seconds: float = 3600.0):
+    """Every ``every``-th episode (by the order episodes start) blocks its event loop with ``time.sleep``
+    inside ``async def``: the mistake the trainer must survive."""
+    _started[0] += 1
+    mine = _started[0]
+    r = await client.chat.completions.create(model="any-name", messages=data["messages"])
+    if mine % every == 0:
+        time.sleep(seconds)
+    return float(bool(r.choices[0].message.content))
+
+
+_started = [0]

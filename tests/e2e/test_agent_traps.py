@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from .helpers import cli
+from .helpers import cli, step_records
 
 AGENTS = {"in_process": "tests.agents.simple.misbehaving", "http": "tests.agents.simple.misbehaving_http"}
 
@@ -34,3 +34,17 @@ def test_an_agent_run_names_its_traps_once_and_trains_only_what_was_sampled(tmp_
         assert r["agent/errors"] == 0 and r["agent/bad_requests"] == 3 * episodes
         assert r["agent/calls"] == episodes and r["rollout/rows"] == episodes  # one sampled call each: one row
         assert r["agent/truncated"] == episodes
+
+
+def test_a_run_whose_agent_blocks_its_event_loop_finishes_counting_and_naming_it(tmp_path):
+    """``time.sleep(3600)`` inside an ``async def`` agent, once in three episodes: each such rollout is abandoned
+    at ``rollout.agent_timeout`` (its episodes end as timeouts), the next one runs on a new loop."""
+    proc = cli(["--config-name", "grpo", "+scale=tiny", "rollout.agent=tests.agents.simple.blocks_its_loop",
+                "rollout.agent_kwargs={every: 3}", "rollout.agent_timeout=2", "total_train_steps=2",
+                "valid_dataset=null", "trial_name=t"], cwd=tmp_path)
+    records = step_records(tmp_path / "outputs" / "grpo" / "t")
+    assert sorted(records) == [1, 2] and sum(r["agent/blocked"] for r in records.values()) >= 1
+    assert sum(r["agent/timeouts"] for r in records.values()) >= 1
+    lines = [x for x in proc.stderr.splitlines() if x.startswith("warning: rollout.agent tests.agents.simple.")]
+    assert any("the agent blocked the episodes' event loop for more than 2 s (counted in agent/blocked)" in x
+               for x in lines), proc.stderr[-3000:]

@@ -4,6 +4,7 @@ rows, episodes run concurrently with their requests batched, and a misbehaving a
 
 import asyncio
 import threading
+import time
 import types
 
 import pytest
@@ -390,3 +391,47 @@ def test_unusable_results_stop_the_run_by_their_share_of_the_rollout_not_of_one_
     with pytest.raises(UserError, match=r"overflowing: 2 of 2 episodes of one rollout had an unusable result \(more "
                                         r"than reward.max_error_fraction=0.5\); the first returned 1e\+39"):
         wf.rollout([by_id[0], by_id[2]], gconfig)
+
+
+async def sleeps_in_the_loop(data, *, client):
+    """Blocks its event loop: ``time.sleep`` inside ``async def`` (episode 0 for ``data["pause"]`` s)."""
+    await client.chat.completions.create(model="m", messages=data["messages"])
+    if data["id"] == 0:
+        time.sleep(data["pause"])
+        await client.chat.completions.create(model="m", messages=data["messages"])
+    return 1.0
+
+
+def _paused(n, pause):
+    return [dict(s, columns={"id": s["fields"]["id"], "pause": pause}) for s in _samples(n)]
+
+
+def test_an_agent_that_blocks_the_loop_a_while_is_counted_named_and_timed_out(tok, capsys):
+    wf = _workflow(Scripted(tok, "7"), tok, "tests.rollout.test_agent.sleeps_in_the_loop", timeout=1.0)
+    groups = wf.rollout(_paused(3, 1.6), GenerationHyperparameters(n_samples=1, max_new_tokens=4))
+    assert groups[0].stats["agent/blocked"].value == 1
+    # its episode ran past the timeout while it blocked: it ends as a timeout once the loop runs again
+    assert [g["rewards"].tolist() for g in groups][1:] == [[1.0], [1.0]]
+    assert sum(g.stats["agent/timeouts"].value for g in groups) >= 1
+    err = capsys.readouterr().err
+    assert "rollout.agent tests.rollout.test_agent.sleeps_in_the_loop: the agent blocked the episodes' event loop " \
+           "for more than 1 s (counted in agent/blocked)" in err
+    assert "time.sleep(data[\"pause\"])" in err  # the line that blocks
+    wf.close()
+
+
+def test_an_agent_that_blocks_the_loop_for_good_is_abandoned_at_its_timeout_and_the_run_goes_on(tok, capsys):
+    wf = _workflow(Scripted(tok, "7"), tok, "tests.rollout.test_agent.sleeps_in_the_loop", timeout=1.0)
+    gconfig = GenerationHyperparameters(n_samples=2, max_new_tokens=4)
+    start = time.monotonic()
+    groups = wf.rollout(_paused(2, 3600), gconfig)
+    assert time.monotonic() - start < 60  # the timeout and the grace, not the hour
+    assert groups[0].stats["agent/blocked"].value == 1
+    assert [g.stats["agent/timeouts"].value for g in groups] == [2, 2]
+    assert all(g["loss_mask"].sum() == 0 for g in groups)  # nothing of the lost rollout is trained
+    assert "the rollout's 4 episodes end as timeouts (untrained) and the next rollout starts on a new loop" in \
+        capsys.readouterr().err
+    later = wf.rollout(_paused(2, 0), gconfig)  # a new loop
+    assert all(g["rewards"].eq(1.0).all() and g.stats["agent/timeouts"].value == 0 for g in later)
+    assert later[0].stats["agent/blocked"].value == 0
+    wf.close()

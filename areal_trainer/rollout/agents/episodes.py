@@ -125,6 +125,16 @@ class EpisodeRows:
                   f"the first {bad[0]}.", file=sys.stderr, flush=True)
         return built
 
+    def lost(self, samples: list[dict], n: int) -> list[TrajectoryGroup]:
+        """The groups of a rollout call whose ``n`` episodes per prompt were lost with their event loop: one
+        untrained row each (as a group that made no call), every episode counted as a timeout."""
+        out = []
+        for sample in samples:
+            group, _ = self.group(sample, [])
+            group.stats.update({"agent/episodes": Sum(float(n)), "agent/timeouts": Sum(float(n))})
+            out.append(group)
+        return out
+
     def group(self, sample: dict, outcomes: list[Outcome]) -> tuple[TrajectoryGroup, list[str]]:
         """One prompt's group: its episodes' rows in episode order, with each episode's row count and reward;
         and what was wrong with each unusable result."""

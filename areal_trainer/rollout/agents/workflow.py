@@ -28,11 +28,9 @@ has no rows; a group none of whose episodes made a call gets one untrained row (
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import inspect
 import os
 import sys
-import threading
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -43,6 +41,7 @@ from ..engines.batcher import GenerationBatcher
 from ..types import TrajectoryGroup
 from .client import AgentClient, SyncAgentClient
 from .episodes import EpisodeRows, Outcome
+from .loop import EpisodeLoop, LoopBlocked
 from .session import EpisodeSession
 from .spec import AgentSpec
 from .tool_parsers import get_parser
@@ -53,33 +52,6 @@ _REFUSED: set[str] = set()
 """Agents whose refused requests were already warned about (once per process)."""
 BATCHING = ("episodes", "eager")
 """``rollout.agent_batching``: when a generation call of the episodes' requests starts (``engines/batcher.py``)."""
-
-
-class DaemonExecutor(concurrent.futures.ThreadPoolExecutor):
-    """Runs each call in a daemon thread of its own, and never waits for them at shutdown.
-
-    Plain ``def`` agents, sync tools and engine calls run in worker threads. A thread cannot be
-    stopped, so one that never returns (an agent past its timeout, a hung tool) is abandoned: the
-    standard executor would make the end of every rollout call, and the process's exit, wait for it.
-    (A ``ThreadPoolExecutor`` only because asyncio accepts no other default executor; its pool is unused.)
-    """
-
-    def submit(self, fn, /, *args, **kwargs) -> concurrent.futures.Future:
-        future: concurrent.futures.Future = concurrent.futures.Future()
-
-        def work() -> None:
-            if not future.set_running_or_notify_cancel():
-                return
-            try:
-                future.set_result(fn(*args, **kwargs))
-            except BaseException as e:  # noqa: BLE001 - handed to whoever awaits the future
-                future.set_exception(e)
-
-        threading.Thread(target=work, name="areal-agent-worker", daemon=True).start()
-        return future
-
-    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        """Nothing to wait for: the threads are daemons, and a finished one has already ended."""
 
 
 class AgentWorkflow:
@@ -102,13 +74,15 @@ class AgentWorkflow:
             end) before it samples what is queued (None: no limit).
         max_calls, max_choices: the most calls of one episode, and the largest ``n`` of one request
             (``rollout.agent_max_calls``, ``rollout.agent_max_choices``).
+        block_notice: seconds without a beat after which the episodes' loop counts as blocked
+            (``loop.py``; at most ``timeout``).
         server: a started ``EndpointServer`` for ``http`` agents (None: started on first use).
     """
 
     def __init__(self, *, engine, tokenizer, reward, agent: AgentSpec, timeout: float | None = None,
                  export: str = "individual", turn_discount: float = 1.0, tool_call_parser: str = "hermes",
                  max_concurrent: int | None = None, batching: str = "episodes", batch_wait: float | None = 30.0,
-                 max_calls: int = 64, max_choices: int = 16, server=None):
+                 max_calls: int = 64, max_choices: int = 16, block_notice: float = 10.0, server=None):
         if batching not in BATCHING:
             raise UserError(f"rollout.agent_batching: got {batching!r}; must be one of {', '.join(BATCHING)}.")
         self.engine, self.tokenizer, self.reward, self.agent = engine, tokenizer, reward, agent
@@ -119,9 +93,10 @@ class AgentWorkflow:
         self.rows = EpisodeRows(tokenizer=tokenizer, agent=agent.path, error_value=getattr(reward, "error_value", 0.0),
                                 max_error_fraction=getattr(reward, "max_error_fraction", 0.5),
                                 turn_discount=turn_discount, export=export)
+        self.block_notice = min(block_notice, timeout) if timeout is not None else block_notice
         self.batch_calls = 0
-        self._runner: asyncio.Runner | None = None
-        self._warned_wait = False
+        self._loop: EpisodeLoop | None = None
+        self._warned_wait = self._warned_block = False
 
     # -- one rollout call -------------------------------------------------------------------------
     def rollout(self, samples: list[dict], gconfig: Any) -> list[TrajectoryGroup]:
@@ -129,11 +104,35 @@ class AgentWorkflow:
 
         Every rollout call runs on the same event loop, kept until :meth:`close`: what an agent keeps
         between episodes and calls (an ``openai.AsyncOpenAI``, an HTTP session, a database pool) is bound
-        to one loop, and would fail on the next call's loop."""
-        if self._runner is None:
-            self._runner = asyncio.Runner()
-            self._runner.get_loop().set_default_executor(DaemonExecutor())
-        return self._runner.run(self._rollout(samples, gconfig))
+        to one loop, and would fail on the next call's loop. The loop runs in a thread of its own, watched
+        (``loop.py``): one that the agent blocks is counted (``agent/blocked``) and named, and abandoned
+        when it stays blocked past ``rollout.agent_timeout``; the call's episodes then end as timeouts."""
+        if self._loop is None:
+            self._loop = EpisodeLoop()
+        blocks: list[str] = []
+        abandon = None if self.timeout is None else self.timeout + max(self.block_notice, 2.0)
+        try:
+            groups = self._loop.run(self._rollout(samples, gconfig), notice_s=self.block_notice, abandon_s=abandon,
+                                    on_block=lambda where, seconds: blocks.append(where))
+        except LoopBlocked as e:
+            self._loop = None  # its thread is the agent's now; the next call gets a new loop (the stall was counted)
+            groups = self.rows.lost(samples, gconfig.n_samples)
+            _warn(f"rollout.agent {self.agent.path}: the episodes' event loop was still blocked {e.seconds:.0f} s "
+                  f"into this rollout, past rollout.agent_timeout={self.timeout:g} s, so the rollout's "
+                  f"{len(samples) * gconfig.n_samples} episodes end as timeouts (untrained) and the next rollout "
+                  f"starts on a new loop; the agent blocks it at:\n{e.where}")
+        self._notify_blocked(blocks)
+        if groups:  # a count of the whole rollout call: on its first group, so that the sum over groups is it
+            groups[0].stats["agent/blocked"] = Sum(float(len(blocks)))
+        return groups
+
+    def _notify_blocked(self, blocks: list[str]) -> None:
+        if blocks and not self._warned_block:
+            self._warned_block = True
+            _warn(f"rollout.agent {self.agent.path}: the agent blocked the episodes' event loop for more than "
+                  f"{self.block_notice:g} s (counted in agent/blocked): an async def agent must not call blocking "
+                  "code (time.sleep, a synchronous client); await it (asyncio.sleep, an async client) or "
+                  f"make run a plain def, which runs in a thread. It blocks at:\n{blocks[0]}")
 
     async def _rollout(self, samples: list[dict], gconfig: Any) -> list[TrajectoryGroup]:
         g = gconfig.n_samples
@@ -216,14 +215,14 @@ class AgentWorkflow:
         if self.server is not None:
             server, self.server = self.server, None
             server.stop()
-        if self._runner is not None:
-            runner, self._runner = self._runner, None
+        if self._loop is not None:
+            loop, self._loop = self._loop, None
             try:
-                self._close_instance(runner)
+                self._close_instance(loop)
             finally:
-                runner.close()
+                loop.close()
 
-    def _close_instance(self, runner: asyncio.Runner) -> None:
+    def _close_instance(self, loop: EpisodeLoop) -> None:
         """Await the agent instance's ``close()`` (or ``aclose()``), if it has one, on the episodes' loop, so
         that what it kept (a client, a session) closes where it was opened; a failure there is only reported."""
         close = getattr(self.instance, "close", None) or getattr(self.instance, "aclose", None)
@@ -232,7 +231,7 @@ class AgentWorkflow:
         try:
             result = close()
             if inspect.isawaitable(result):
-                runner.run(asyncio.wait_for(result, 30))
+                loop.run(asyncio.wait_for(result, 30), notice_s=30, abandon_s=35)
         except Exception as e:  # noqa: BLE001 - the run is ending; the agent's failure must not hide it
             _warn(f"rollout.agent {self.agent.path}: its close() failed: {_describe(e)}")
 
