@@ -21,7 +21,7 @@ import torch
 
 from ..loss import PolicyLogprobs
 from ..rollout.rows import Rows, concat_rows
-from ..rollout.types import TrajectoryGroup
+from ..rollout.types import TrajectoryGroup, as_group
 
 _GROUPING = ("group_sizes", "prompt_ids", "episodes")
 """The fields of :class:`TrainBatch` about its prompt groups (not row tensors)."""
@@ -61,7 +61,10 @@ class TrainBatch(Rows):
     episodes: tuple[tuple[tuple[int, ...], tuple[float, ...]] | None, ...] = ()
 
     @classmethod
-    def from_groups(cls, groups: Sequence[TrajectoryGroup], device: torch.device) -> TrainBatch:
+    def from_groups(cls, groups: Sequence[TrajectoryGroup | Mapping[str, torch.Tensor]],
+                    device: torch.device) -> TrainBatch:
+        """The groups (or dicts of their tensors) concatenated in order, on ``device``."""
+        groups = [as_group(g) for g in groups]
         rows = concat_rows([g.rows for g in groups])
         return cls(**{k: v.to(device) for k, v in rows.as_dict().items()}, group_sizes=tuple(g.n_rows for g in groups),
                    prompt_ids=tuple(g.prompt_id for g in groups), episodes=_episodes(groups))

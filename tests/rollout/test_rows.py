@@ -71,6 +71,8 @@ def test_concat_pads_to_the_widest_and_fills_an_optional_key_a_group_lacks():
     batch = TrainBatch.from_groups([TrajectoryGroup(a, prompt_id=3), TrajectoryGroup(b)], torch.device("cpu"))
     assert batch.group_sizes == (2, 1) and batch.prompt_ids == (3, None)
     assert all(torch.equal(getattr(batch, k), v) for k, v in out.as_dict().items())
+    from_dicts = TrainBatch.from_groups([a.as_dict(), b.as_dict()], torch.device("cpu"))  # a workflow's dicts
+    assert all(torch.equal(getattr(from_dicts, k), v) for k, v in out.as_dict().items())
 
 
 def test_a_workflows_dict_is_checked_and_wrapped_and_unknown_keys_are_dropped():
