@@ -3,6 +3,6 @@
 ``spec.py`` (a ``run`` function checked at binding), ``session.py`` (one episode's calls, served by the
 engine and recorded with their exact ids), ``client.py`` (the ``openai``-like clients), ``endpoint.py``
 with ``requests.py`` and ``openai_types.py`` (the HTTP form), ``tools.py`` and ``tool_parsers.py``,
-``trajectory.py`` and ``episodes.py`` (recorded calls -> rows, rewards, errors), ``workflow.py`` (the
-workflow that runs one agent episode per sample).
+``trajectory.py`` and ``episodes.py`` (recorded calls -> rows, rewards, errors), ``loop.py`` (the
+episodes' watched event loop), ``workflow.py`` (the workflow that runs one agent episode per sample).
 """
