@@ -263,6 +263,13 @@ class RewardService:
 
     def _check_failures(self, source, result: SourceResult, samples: list[RewardSample]) -> None:
         failed = [i for i, st in enumerate(result.status) if st in _FAILURES]
+        timeouts = result.status.count("timeout")
+        if samples and len(failed) + timeouts == len(samples) and timeouts:
+            label = getattr(source, "label", source.name)
+            raise UserError(f"reward source {label} gave no reward for any of the {len(samples)} samples of one "
+                            f"batch: {timeouts} ran past reward.timeout and {len(failed)} failed. Training on "
+                            "reward.timeout_value alone teaches nothing: make the function faster, raise "
+                            "reward.timeout, or give it more reward.workers.")
         if len(failed) <= self.max_error_fraction * len(samples):
             return
         counts = {st: result.status.count(st) for st in _FAILURES}

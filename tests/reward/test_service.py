@@ -147,15 +147,23 @@ def test_too_many_failures_in_one_batch_stop_the_run_with_an_example():
     assert service.score(samples[:2]).errors == [0, 1]  # half the batch is not more than half
 
 
-def test_timeouts_do_not_count_towards_the_stop():
+def test_timeouts_do_not_count_towards_the_stop_unless_no_sample_got_a_reward():
     class TimesOut:
         name = "slow"
 
-        async def score(self, samples):
-            return SourceResult([None] * len(samples), ["timeout"] * len(samples), ["killed"] * len(samples))
+        def __init__(self, ok: int):
+            self.ok = ok
 
-    scores = RewardService([TimesOut()], timeout_value=-0.5, max_error_fraction=0.0).score(ROWS)
-    assert scores.rewards == [-0.5] * 3 and scores.timeouts == [1] * 3
+        async def score(self, samples):
+            n = len(samples) - self.ok
+            return SourceResult([None] * n + [1.0] * self.ok, ["timeout"] * n + ["ok"] * self.ok,
+                                ["killed"] * n + [""] * self.ok)
+
+    scores = RewardService([TimesOut(ok=1)], timeout_value=-0.5, max_error_fraction=0.0).score(ROWS)
+    assert scores.rewards == [-0.5, -0.5, 1.0] and scores.timeouts == [1, 1, 0]
+    with pytest.raises(UserError, match=r"^reward source slow gave no reward for any of the 3 samples of one batch: "
+                                        r"3 ran past reward.timeout and 0 failed\. .* raise reward.timeout"):
+        RewardService([TimesOut(ok=0)], timeout_value=-0.5).score(ROWS)
 
 
 def test_contract_violations_stop_the_run():
