@@ -49,8 +49,11 @@ def _cross_section(cfg: TrainerConfig) -> tuple[list[str], list[str]]:
     p_useless, w_useless = useless_run_problems(cfg)
     p, w = p + p_useless, w + w_useless + duplicate_key_warnings(cfg)
     for key, path in _local_paths(cfg):
-        if not os.path.exists(os.path.expanduser(path)):
+        full = os.path.expanduser(path)
+        if not os.path.exists(full):
             p.append(f"{key}: {path!r} does not exist (no such file or directory).")
+        elif key in _MODEL_KEYS or key.startswith("teacher."):
+            p += _not_a_model(key, path, full)
     p += _rollout_problems(cfg) + _scheduler_problems(cfg)
     if cfg.dynamic_bs and cfg.rollout.dynamic_filter is None:
         w.append("dynamic_bs=true without rollout.dynamic_filter: every group is accepted, the batch is fixed.")
@@ -91,6 +94,20 @@ def _scheduler_problems(cfg: TrainerConfig) -> list[str]:
     if s.type == "slurm" and importlib.util.find_spec("submitit") is None:
         p.append("scheduler.type=slurm needs the 'submitit' package: pip install -e '.[slurm]'.")
     return p
+
+
+_MODEL_KEYS = ("actor.path", "ref.path", "critic.path")
+
+
+def _not_a_model(key: str, path: str, full: str) -> list[str]:
+    """A model path that is an empty directory: named as such before anything loads (a checkpoint directory
+    of this trainer holds its model in ``actor/``; a Hugging Face one ``config.json``; either is left to the
+    loader)."""
+    if not os.path.isdir(full) or os.listdir(full):
+        return []
+    return [f"{key}: {path!r} is an empty directory. Give a checkpoint directory (this trainer's "
+            "outputs/<experiment>/<trial>/checkpoints/step_<N>, or a Hugging Face one with config.json and "
+            "weights), a model id, or builtin:tiny."]
 
 
 def _local_paths(cfg: TrainerConfig) -> list[tuple[str, str]]:

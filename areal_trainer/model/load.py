@@ -33,6 +33,10 @@ def autocast_dtype(dtype: str, device: torch.device) -> torch.dtype | None:
 
 
 def _missing(path: str, key: str, err: Exception) -> UserError:
+    if os.path.isdir(path):
+        return UserError(f"{key}: {path!r} is a directory without a model that loads ({str(err).splitlines()[0]}). "
+                         "Give a Hugging Face checkpoint directory (config.json and weights), a model id, or "
+                         "builtin:tiny.")
     if os.path.sep in path and (path.startswith((".", os.path.sep, "~")) or not _looks_like_hub_id(path)):
         return UserError(f"{key}: {path!r} does not exist (no such directory). Give an existing checkpoint "
                          "directory, a Hugging Face model id, or builtin:tiny.")

@@ -80,6 +80,7 @@ def test_teachers_that_cannot_teach_are_warned_about(tmp_path):
     # the first of that warning: another (a ResourceWarning of a collected event loop) may land in the block
     said = next(str(w.message) for w in got if "builtin:tiny" in str(w.message))
     assert "checkpoints/step_<N>" in said
+    (tmp_path / "config.json").write_text("{}")  # a checkpoint directory (nothing loads here)
     with pytest.warns(UserWarning, match=r"teacher.teachers.b.path='builtin:small' is the built-in model untrained"):
         load("grpo", [f"+teacher.teachers.a.path={tmp_path}", "+teacher.teachers.b.path=builtin:small"])
     with pytest.warns(UserWarning, match=r"is the student's own starting model \(actor.path\)"):
@@ -89,3 +90,11 @@ def test_teachers_that_cannot_teach_are_warned_about(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a checkpoint as teacher: nothing to say
         load("distill", [f"teacher.path={tmp_path}"])
+
+
+def test_an_empty_directory_is_named_as_such_before_anything_loads(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    p = "\n".join(_problems([f"actor.path={empty}", f"+teacher.path={empty}"]))
+    assert f"actor.path: '{empty}' is an empty directory. Give a checkpoint directory" in p
+    assert f"teacher.path: '{empty}' is an empty directory." in p and "does not exist" not in p
