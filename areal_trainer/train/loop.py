@@ -204,7 +204,12 @@ def run(components: Components, run_dir: str, resume: ResumePlan | None = None) 
     with _sigterm_stops_cleanly():
         trainer = Trainer(components, run_dir, resume_from=plan.checkpoint)
         try:
-            return train(trainer)
+            summary = train(trainer)
+            # Every rank done before any tears its process group down: a rank that leaves while another still
+            # talks to it can abort in the collective library's teardown. Only here, on success: after a
+            # failure another rank may be inside a collective, where a barrier would wait for ever.
+            trainer.dist.barrier()
+            return summary
         finally:
             trainer.reward.close()
             trainer.dist.shutdown()
