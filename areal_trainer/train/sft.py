@@ -25,6 +25,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -251,21 +252,44 @@ def load_cached(model, key: str) -> dict | None:
 
 
 def store_cached(model, key: str, metrics: dict) -> None:
-    """Write the warm start atomically: the weights and a manifest, metrics.json last, then rename."""
+    """Write the warm start atomically: the weights and a manifest, metrics.json last, then rename. A cache
+    that cannot be written (a full disk, no permission) costs only the cache: one warning line naming the
+    path, the free space and the size needed, and the run goes on."""
     root = os.path.join(cache_root(), "warmstart")
-    os.makedirs(root, exist_ok=True)
     tmp = os.path.join(root, f".tmp-{key}-{os.getpid()}")
-    os.makedirs(tmp, exist_ok=True)
-    torch.save(model.state_dict(), os.path.join(tmp, "model.pt"))
-    manifest.write(tmp)
-    faults.point("warmstart.before_marker")
-    with open(os.path.join(tmp, "metrics.json"), "w") as f:
-        json.dump(metrics, f)
+    try:
+        os.makedirs(tmp, exist_ok=True)
+        torch.save(model.state_dict(), os.path.join(tmp, "model.pt"))
+        manifest.write(tmp)
+        faults.point("warmstart.before_marker")
+        with open(os.path.join(tmp, "metrics.json"), "w") as f:
+            json.dump(metrics, f)
+    except (OSError, RuntimeError) as e:  # torch.save reports a full disk as a RuntimeError
+        shutil.rmtree(tmp, ignore_errors=True)
+        print(f"warning: {_cache_failure(root, model, e)}", file=sys.stderr, flush=True)
+        return
     final = os.path.join(root, key)
     try:
         os.rename(tmp, final)
     except OSError:  # another process stored the same warm start first
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _cache_failure(root: str, model, err: BaseException) -> str:
+    """One line: why the warm start could not be cached, the free space and what it needs."""
+    need = _bytes(sum(t.numel() * t.element_size() for t in model.state_dict().values()))
+    try:
+        free = _bytes(shutil.disk_usage(root if os.path.isdir(root) else cache_root()).free)
+    except OSError:
+        free = "unknown"
+    why = " ".join(str(err).split())[:200] or type(err).__name__
+    return (f"cannot store the warm start in the cache {root}: {type(err).__name__}: {why}. Free space there: "
+            f"{free}; it needs about {need}. The run goes on without it (the next run trains its "
+            "warm start again); free some space or point AREAL_TRAINER_CACHE elsewhere.")
+
+
+def _bytes(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
 
 
 def warm_start(model, tokenizer, samples: list[dict], cfg, *, device: torch.device, autocast_dtype=None,
