@@ -216,11 +216,7 @@ class RewardFunction:
         if value is None:
             return "none", None
         if isinstance(value, numbers.Real):
-            try:
-                x = float(value)
-            except OverflowError:  # an int too large for a float
-                return "out_of_range", math.inf
-            return classify(x)
+            return classify(value)
         where = "" if index is None else f" at position {index} of its list"
         raise UserError(f"{self.key}: reward function {self.path} returned {_excerpt(value)} "
                         f"({type(value).__name__}){where}; a reward must be a number (float) or None "
@@ -239,8 +235,13 @@ class RewardFunction:
         return [self.check(v, i) for i, v in enumerate(values)]
 
 
-def classify(x: float) -> Checked:
-    """A float reward's status: ``ok``, ``nonfinite`` (NaN or infinite) or ``out_of_range`` (beyond float32)."""
+def classify(value: numbers.Real) -> Checked:
+    """A number's status as a reward: ``ok`` (with it as a float), ``nonfinite`` (NaN or infinite) or
+    ``out_of_range`` (beyond float32, also an int too large for a float, which is kept as it is)."""
+    try:
+        x = float(value)
+    except OverflowError:
+        return "out_of_range", value
     if fits_float32(x):
         return "ok", x
     return ("out_of_range" if math.isfinite(x) else "nonfinite"), x

@@ -61,10 +61,7 @@ class SourceResult(NamedTuple):
             if v is not None and not isinstance(v, numbers.Real):
                 raise UserError(f"reward source {label} gave {v!r:.200} ({type(v).__name__}); a reward must be a "
                                 "number or None.")
-            try:
-                status, x = ("none", None) if v is None else classify(float(v))
-            except OverflowError:  # an int too large for a float
-                status, x = "out_of_range", v
+            status, x = ("none", None) if v is None else classify(v)
             out.values.append(x if status == "ok" else None)
             out.status.append(status)
             out.details.append(f"returned {x!r:.100}" if status in _UNUSABLE else "")

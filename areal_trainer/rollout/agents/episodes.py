@@ -55,21 +55,31 @@ class EpisodeRows:
         self.tokenizer, self.agent, self.export = tokenizer, agent, export
         self.error_value, self.max_error_fraction = float(error_value), float(max_error_fraction)
         self.turn_discount = float(turn_discount)
-        self._warned_errors = self._warned_results = False
+        self._warned: set[str] = set()
+        """The kinds of failure already named (each once per run)."""
 
     def check_errors(self, outcomes: list[Outcome]) -> None:
         """Stop the run when too many of a rollout call's episodes raised; name the first failure once."""
-        failed = [o for o in outcomes if o.status == "error"]
-        if len(failed) > self.max_error_fraction * len(outcomes):
-            raise UserError(f"rollout.agent {self.agent}: {len(failed)} of {len(outcomes)} episodes raised "
-                            f"(more than reward.max_error_fraction={self.max_error_fraction:g}); for example:\n"
-                            f"{failed[0].error}")
-        if failed and not self._warned_errors:
-            self._warned_errors = True
-            print(f"warning: rollout.agent {self.agent}: {len(failed)} of {len(outcomes)} episodes raised in this "
-                  f"rollout (counted in agent/errors; their last call is trained with reward.error_value="
-                  f"{self.error_value:g}, the run stops above reward.max_error_fraction="
-                  f"{self.max_error_fraction:g}); the first:\n{failed[0].error}", file=sys.stderr, flush=True)
+        failed = [o.error for o in outcomes if o.status == "error"]
+        n, limit = f"{len(failed)} of {len(outcomes)} episodes", self._limit
+        self._stop_or_name("errors", len(failed), len(outcomes),
+                           stop=f"{n} raised (more than {limit}); for example:\n{failed[0] if failed else ''}",
+                           name=f"{n} raised in this rollout (counted in agent/errors; their last call is trained "
+                                f"with reward.error_value={self.error_value:g}, the run stops above {limit}); the "
+                                f"first:\n{failed[0] if failed else ''}")
+
+    @property
+    def _limit(self) -> str:
+        return f"reward.max_error_fraction={self.max_error_fraction:g}"
+
+    def _stop_or_name(self, kind: str, bad: int, total: int, *, stop: str, name: str) -> None:
+        """Stop the run when more than ``max_error_fraction`` of a rollout call's ``total`` episodes went
+        wrong this way (``bad``); else name the first rollout where some did, once per run and kind."""
+        if bad > self.max_error_fraction * total:
+            raise UserError(f"rollout.agent {self.agent}: {stop}")
+        if bad and kind not in self._warned:
+            self._warned.add(kind)
+            print(f"warning: rollout.agent {self.agent}: {name}", file=sys.stderr, flush=True)
 
     def rewards(self, o: Outcome) -> list[float | None] | str:
         """Per-call rewards of an episode (None: not set), or why its result is unusable."""
@@ -113,16 +123,13 @@ class EpisodeRows:
             group, errors = self.group(sample, outcomes[i * g:(i + 1) * g])
             built.append(group)
             bad += errors
-        if bad and len(bad) > self.max_error_fraction * len(outcomes):
-            raise UserError(f"rollout.agent {self.agent}: {len(bad)} of {len(outcomes)} episodes of one rollout had "
-                            f"an unusable result (more than reward.max_error_fraction={self.max_error_fraction:g}); "
-                            f"the first {bad[0]}.")
-        if bad and not self._warned_results:
-            self._warned_results = True
-            print(f"warning: rollout.agent {self.agent}: {len(bad)} of {len(outcomes)} episodes in this rollout had an "
-                  f"unusable result (counted in agent/bad_results; trained with reward.error_value="
-                  f"{self.error_value:g}, the run stops above reward.max_error_fraction={self.max_error_fraction:g}); "
-                  f"the first {bad[0]}.", file=sys.stderr, flush=True)
+        n, limit = f"{len(bad)} of {len(outcomes)} episodes", self._limit
+        first = bad[0] if bad else ""
+        self._stop_or_name("results", len(bad), len(outcomes),
+                           stop=f"{n} of one rollout had an unusable result (more than {limit}); the first {first}.",
+                           name=f"{n} in this rollout had an unusable result (counted in agent/bad_results; trained "
+                                f"with reward.error_value={self.error_value:g}, the run stops above {limit}); the "
+                                f"first {first}.")
         return built
 
     def lost(self, samples: list[dict], n: int) -> list[TrajectoryGroup]:
