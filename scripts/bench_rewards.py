@@ -10,7 +10,11 @@ Two measurements, both through the whole layer (``RewardService`` -> ``FunctionR
   ``cores`` is the CPU time of this process and its workers per second of wall time: on a shared
   machine it shows how much of the cores the run actually got (Linux: read from /proc);
 * overhead: the time per call of a trivial reward (returns 1.0) with workers = 0, 1 and 2: what the
-  pool adds to every call (two pickled messages and a wakeup on each side).
+  pool adds to every call (two pickled messages and a wakeup on each side);
+* isolation: ``areal_trainer.reward.code.unit_tests`` on a right solution with four tests, with its
+  namespaces (``isolation=auto``) and without (``off``): the median time of one call in this process,
+  the difference (target: at most 20 ms), and the pool's throughput both ways with ``--workers``
+  workers (target: isolation costs at most 25% of it).
 
     .venv/bin/python scripts/bench_rewards.py                     # 256 samples, 50 ms, 2 workers
     .venv/bin/python scripts/bench_rewards.py --samples 64 --ms 20
@@ -31,6 +35,9 @@ from areal_trainer.reward.service import FunctionReward, RewardService  # noqa: 
 
 MODULE = os.path.splitext(os.path.basename(__file__))[0]  # workers import this file's functions by name
 TARGET = 1.7
+ISOLATION_MS, ISOLATION_DROP = 20.0, 0.25
+SOLUTION = "```python\ndef f(x):\n    return 3 * x + 2\n```"
+TESTS = "assert f(1) == 5\nassert f(2) == 8\nassert f(0) == 2\nassert f(-1) == -1"
 
 
 def busy(prompt, completion, answer, iterations: int = 1_000_000) -> float:
@@ -59,7 +66,7 @@ def _timed(fn) -> float:
 
 
 def service(name: str, workers: int, **kwargs) -> RewardService:
-    fn = RewardFunction.bind(f"{MODULE}.{name}", kwargs=kwargs, key="bench")
+    fn = RewardFunction.bind(name if "." in name else f"{MODULE}.{name}", kwargs=kwargs, key="bench")
     return RewardService([FunctionReward(fn, workers=workers, timeout=600.0)])
 
 
@@ -125,6 +132,32 @@ def main() -> None:
     for workers in (0, 1, 2):
         seconds, _ = run("trivial", workers, samples, args.reps)
         print(f"{'trivial':<26} {workers:>8} {seconds:>9.4f} {seconds / args.samples * 1e3:>10.3f}")
+    print()
+    isolation(args)
+
+
+def isolation(args) -> None:
+    """The ``isolation`` measurement (see the module docstring)."""
+    from areal_trainer.reward.code import unit_tests
+
+    calls = {}
+    for mode in ("off", "auto"):
+        unit_tests("p", SOLUTION, TESTS, isolation=mode)  # warm: the first start reads the files
+        times = [_timed(lambda m=mode: unit_tests("p", SOLUTION, TESTS, isolation=m)) * 1e3 for _ in range(15)]
+        calls[mode] = sorted(times)[len(times) // 2]
+    added = calls["auto"] - calls["off"]
+    print(f"{'unit_tests, one call':<26} {'off':>8} {calls['off']:>8.1f} ms   {'auto':>6} {calls['auto']:>8.1f} ms   "
+          f"isolation adds {added:+.1f} ms: target <= {ISOLATION_MS:.0f} ms "
+          f"{'met' if added <= ISOLATION_MS else 'NOT met'}")
+    code_samples = [RewardSample(f"prompt {i}", SOLUTION, TESTS) for i in range(max(32, args.samples // 4))]
+    rate = {}
+    for mode in ("off", "auto"):
+        seconds, _ = run("areal_trainer.reward.code.unit_tests", args.workers, code_samples, args.reps, isolation=mode)
+        rate[mode] = len(code_samples) / seconds
+    drop = 1 - rate["auto"] / rate["off"]
+    print(f"{'unit_tests, pool':<26} {args.workers:>8} off {rate['off']:>6.1f}/s   auto {rate['auto']:>6.1f}/s   "
+          f"isolation costs {drop:.1%} of the throughput: target <= {ISOLATION_DROP:.0%} "
+          f"{'met' if drop <= ISOLATION_DROP else 'NOT met'}")
 
 
 if __name__ == "__main__":

@@ -78,6 +78,8 @@ def bind_reward(r, problems: list[str], *, light: bool = False) -> RewardSpec | 
                                                  style=r.style))
         except PluginError as e:
             problems.append(str(e))
+    if not light:  # runs a process or two (a code reward's probe of its box): not on the command line's fast path
+        problems += [p for fn in functions for p in fn.startup_problems()]
     if r.url is not None:
         problems += url_problems(r.url, "reward.url")
     if r.model.path and not light:

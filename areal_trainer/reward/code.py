@@ -1,64 +1,49 @@
 """A reward for generated Python code: the fraction of a row's unit tests that pass.
 
 :func:`unit_tests` takes the last fenced code block of the completion (see :func:`extract_code`),
-runs it in a sandboxed child process, then runs each test (an ``assert`` statement) after it in the
-same interpreter and namespace, and returns ``passed / len(tests)``. The code runs with
-``__name__ == "__solution__"``, so an ``if __name__ == "__main__":`` demo block does not run. Code
-that does not run scores 0.0; a test that raises, fails or does not finish in time counts as
-failed. Nothing the code does makes the reward raise: loops, huge allocations, fork bombs, network
-access and crashes all end as failed tests. Bad inputs from the configuration or the data (no
-tests, a non-positive timeout) raise a ``UserError``, and a sandbox that cannot set itself up (a
-broken environment) raises ``RuntimeError``, so the reward runner reports them instead of the run
-training on silent zeros.
+runs it in a box (a sandboxed child process, ``box/``), then runs each test (an ``assert`` statement)
+in the judge (``judge.py``), which calls into the box for the solution's functions and objects, and
+returns ``passed / len(tests)``. The code runs with ``__name__ == "__solution__"``, so an ``if
+__name__ == "__main__":`` demo block does not run. Code that does not run scores 0.0; a test that
+raises, fails or does not finish in time counts as failed. Nothing the code does makes the reward
+raise: loops, huge allocations, fork bombs, network access and crashes all end as failed tests. Bad
+inputs from the configuration or the data (no tests, a non-positive timeout) raise a ``UserError``,
+and a box that cannot set itself up raises ``RuntimeError``, so the reward runner reports them
+instead of the run training on silent zeros; :func:`startup_problems` finds that before any model loads.
 
-The child
----------
-A fresh interpreter, ``sys.executable -I -B`` running :mod:`areal_trainer.reward.sandbox` as a
-script (never a ``fork`` of the trainer, which has torch threads; ``-I``: no ``PYTHON*`` variables, no
-user site directory, neither the script's nor the working directory on ``sys.path``; the
-environment's installed packages stay importable). It runs in a new session and process group, in a
-new temporary directory (deleted afterwards) as its working directory, with stdin/stdout/stderr on
-``/dev/null``, no inherited file descriptors but the pipe it reports on, and a minimal environment
-(``PATH``, a UTF-8 locale, ``HOME`` and ``TMPDIR`` set to the scratch directory, one BLAS/OpenMP
-thread). Before the code runs, it locks itself in (the steps are listed in
-:mod:`~areal_trainer.reward.sandbox`): it dies with the process that started it; it gets resource
-limits (memory ``memory_mb``, CPU time, no new processes, file sizes and counts); a seccomp filter
-makes the kernel refuse it processes, threads, ``exec``, sockets and signals to other processes,
-also as root; and the Python-level entry points of the same raise ``PermissionError``.
+The box
+-------
+A fresh interpreter, ``sys.executable -I -B`` running ``box/child.py`` as a script (never a ``fork`` of
+the trainer, which has torch threads; ``-I``: no ``PYTHON*`` variables, no user site directory), in a new
+session and process group, with stdin/stdout/stderr on ``/dev/null``, no inherited file descriptors but
+its two pipes, and an environment of ``PATH``, a UTF-8 locale, ``HOME`` and ``TMPDIR`` (``/tmp``) and one
+BLAS/OpenMP thread: no variable of the trainer's. Before the code runs it locks itself in:
 
-The parent waits at most ``timeout`` seconds (wall clock, including the ~0.05 s interpreter start-up),
-then SIGKILLs the whole process group, always, and reaps the child: no zombie, no leftover process
-(the child cannot create any), no leftover scratch directory. Results come back over a pipe as lines
-tagged with a random per-run token, read up to 1 MiB, so printed or written fake results do not
-count and the code cannot flood the trainer's memory. Only a caller killed mid-call (its sandbox
-dies with it, see above) leaves its scratch directory behind.
+* ``isolation=auto`` (the default): its own user, mount, PID, IPC, UTS and network namespaces
+  (``box/namespaces.py``). It sees the system directories and the Python environment read-only, an empty
+  64 MiB ``/tmp`` as its only writable place (gone with it), its own ``/proc`` with no other process, no
+  ``/etc``, home, checkout or checkpoint, only ``/dev/null``, ``zero``, ``random``, ``urandom``, and no
+  network. Where the kernel refuses the namespaces (no unprivileged user namespaces; a container
+  runtime's seccomp profile), code rewards refuse to start, saying what failed.
+* ``isolation=off``: only what follows, which runs in both cases. The code then runs as the trainer's
+  user and sees its files: only for a machine with nothing to protect.
+* Resource limits (memory ``memory_mb``, CPU time, no new processes, file sizes and counts), a seccomp
+  filter with which the kernel refuses processes, threads, ``exec``, sockets, signals to other processes,
+  mounts and namespaces, also as root, and the same blocks at the Python level (``box/seccomp.py``).
 
-What is NOT isolated
---------------------
-This is not a container. The code runs as the trainer's user (root if the trainer is root) and sees
-the same filesystem: it can read every file that user can read (datasets, checkpoints, credentials
-in the home directory) and write or delete every file that user can write, outside the scratch
-directory too; total disk use is not bounded, only each file's size. Through ``/proc`` it can read
-about other processes and, being the same user, open the trainer's ``/proc/<pid>/mem``. The memory
-limit is on address space, not resident memory. Where seccomp cannot be installed (other
-architectures, kernels without it; a warning is logged once), only the Python-level blocks stand
-between the code and the network, and code that calls libc through ``ctypes`` gets past them (as
-root it could then also start processes). Finally, the tests run in the same interpreter as the
-code, so a program written against this harness (patching builtins, an ``__eq__`` that is always
-true, reading the report token from the harness' frames) can fake passing tests: the sandbox
-protects the machine, not the reward from reward hacking, and it is meant for model-generated code,
-not as a security boundary against people trying to break out.
-"""
+The judge waits at most ``timeout`` seconds in all (wall clock, including the ~0.05 s start), then
+SIGKILLs the box's process group, always, and reaps it: no zombie, no leftover process, no leftover
+scratch directory. The tests never run in the box, and everything the box sends is decoded as plain data
+(``judge.py``), so code written against this harness (patched builtins, an ``__eq__`` that is always
+true, an early exit with success, forged lines on any file descriptor) scores 0 on the tests it does not
+pass. What the box cannot bound: the code's CPU use per call is bounded by ``timeout``, not by tests."""
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import os
-import secrets
-import select
 import shutil
 import signal
 import stat
@@ -69,28 +54,32 @@ import textwrap
 import time
 
 from ..errors import UserError
-from . import completion_text, sandbox
+from . import completion_text, judge
+from .box import wire
 
 logger = logging.getLogger(__name__)
 
-MAX_REPORT_BYTES = 1 << 20
-"""Most bytes of the child's report that the parent reads (a test adds about 40)."""
 MIN_MEMORY_MB = 64
 """The smallest ``memory_mb`` accepted: below it the interpreter itself cannot run."""
+ISOLATION = ("auto", "off")
+"""The values of ``isolation`` (see the module docstring)."""
+CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "box", "child.py")
+"""The box's script, run by path: a script, not a module of the package."""
 _PYTHON_TAGS = {"", "python", "py", "python3"}
-_POLL_S = 0.005
+_REAP_S = 1.0
+"""How long the judge waits for the box's outer process to reap the killed box before killing it too."""
 _warned: set[str] = set()
 
 
 def unit_tests(prompt, completion, answer, *, tests=None, timeout: float = 5.0, memory_mb: int = 512,
-               **fields) -> float:
+               isolation: str = "auto", **fields) -> float:
     """Fraction of ``tests`` (the row's column; ``answer`` when it has none) that pass after the
     completion's code (a conversational completion: its last message's); see the module docstring.
     ``prompt`` and other row fields are ignored."""
     test_list = split_tests(answer if tests is None else tests, "tests" if tests is not None else "answer")
-    _check_limits(timeout, memory_mb)
+    _check_limits(timeout, memory_mb, isolation)
     passed = run_tests(extract_code(completion_text(completion)), test_list, timeout=float(timeout),
-                       memory_mb=int(memory_mb))
+                       memory_mb=int(memory_mb), isolation=isolation)
     return sum(passed) / len(test_list)
 
 
@@ -137,76 +126,158 @@ def split_tests(tests, column: str = "tests") -> list[str]:
     return out
 
 
-def run_tests(code: str, tests: list[str], *, timeout: float, memory_mb: int) -> list[bool]:
-    """Whether each test passed after ``code``, run in the sandboxed child (see the module docstring)."""
-    nonce = secrets.token_hex(16)
-    scratch = tempfile.mkdtemp(prefix="areal_code_")
-    read_fd, write_fd = os.pipe()
+def run_tests(code: str, tests: list[str], *, timeout: float, memory_mb: int, isolation: str = "auto",
+              in_force: dict | None = None) -> list[bool]:
+    """Whether each test passed after ``code`` run in a box (see the module docstring). Raises
+    ``RuntimeError`` when the box cannot set itself up. ``in_force`` receives the box's ``ready`` message
+    (``{"ready": "namespaces" or "off", "seccomp": "on" or why not}``)."""
+    scratch = tempfile.mkdtemp(prefix="areal_code_")  # the working directory with isolation=off
+    deadline = time.monotonic() + timeout
+    request_r, request_w = os.pipe()
+    answer_r, answer_w = os.pipe()
     try:
-        with open(os.path.join(scratch, sandbox.PAYLOAD), "w", encoding="utf-8") as f:
-            json.dump({"code": code, "tests": tests, "nonce": nonce, "memory_mb": memory_mb,
-                       "cpu_s": math.ceil(timeout) + 1}, f)
-        script = os.path.abspath(sandbox.__file__)  # run by path: a script, not a module of the package
         proc = subprocess.Popen(
-            [sys.executable, "-I", "-B", script, str(write_fd), str(os.getpid())],
-            cwd=scratch, env=_child_env(scratch), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, pass_fds=(write_fd,), start_new_session=True)
-        os.close(write_fd)
-        write_fd = -1
+            [sys.executable, "-I", "-B", CHILD, str(request_r), str(answer_w), str(os.getpid())],
+            cwd=scratch, env=_child_env(scratch if isolation == "off" else "/tmp"), stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(request_r, answer_w),
+            start_new_session=True)
+        for fd in (request_r, answer_w):
+            os.close(fd)
+        request_r = answer_w = -1
         try:
-            report = _read_report(read_fd, time.monotonic() + timeout, proc.pid)
+            box = judge.Box(request_w, answer_r, deadline)
+            os.write(request_w, wire.dumps({"code": code, "memory_mb": memory_mb, "cpu_s": math.ceil(timeout) + 1,
+                                            "isolation": isolation}))
+            names = _start(box, timeout, {} if in_force is None else in_force)
+            passed = [False] * len(tests) if names is None else judge.run_tests(box, names, tests)
         finally:
             _kill_group(proc)
     finally:
-        for fd in (read_fd, write_fd):
+        for fd in (request_r, request_w, answer_r, answer_w):
             if fd >= 0:
                 os.close(fd)
         _remove_tree(scratch)
-    return _parse_report(report, nonce, len(tests), timeout)
+    return passed
 
 
-def _check_limits(timeout, memory_mb) -> None:
+def _start(box: judge.Box, timeout: float, in_force: dict):
+    """The box's ``loaded`` names once it is set up and ran the code; None when the code raised or the
+    box did not get there in time (warned once). Raises ``RuntimeError`` for a box that could not set up."""
+    try:
+        ready = box.receive()
+    except judge.BoxGone:
+        _warn_once(f"unit_tests: a sandbox did not start within timeout={timeout}s (a busy machine?); its sample "
+                   "scored 0.0. Raise reward.kwargs.timeout if this repeats.")
+        return None
+    in_force.update(ready)
+    if "setup-error" in ready:
+        raise RuntimeError(f"unit_tests: the sandbox could not set itself up before running the code: "
+                           f"{ready['setup-error']}")
+    if ready.get("seccomp") != "on":
+        _warn_once(f"unit_tests: the seccomp filter could not be installed ({ready.get('seccomp')}); the code "
+                   "runs without it (see areal_trainer/reward/code.py).")
+    try:
+        loaded = box.receive()
+    except judge.BoxGone:
+        return None
+    return loaded.get("loaded")
+
+
+def startup_problems(kwargs: dict, *, key: str = "reward.fn") -> list[str]:
+    """The problems of running code rewards with ``kwargs`` (``reward.kwargs``) on this machine, found by
+    running one trivial program in a box, before any model loads: bad limits, or a box that cannot isolate
+    (with what failed and the opt-out key). Logs once what is in force (``sandbox: namespaces+seccomp``);
+    ``isolation=off`` where isolation works is a warning naming what is given up."""
+    timeout, memory_mb = kwargs.get("timeout", 5.0), kwargs.get("memory_mb", 512)
+    isolation = kwargs.get("isolation", "auto")
+    try:
+        _check_limits(timeout, memory_mb, isolation)
+    except UserError as e:
+        return [str(e)]
+    found = _probe(int(memory_mb))
+    if isolation == "auto":
+        if "error" in found:
+            return [f"{key} (unit_tests): generated code cannot be isolated on this machine: {found['error']}. The box "
+                    "needs unprivileged user namespaces (or root), which a container runtime's default seccomp "
+                    "profile or the sysctls kernel.unprivileged_userns_clone=0 / user.max_user_namespaces=0 refuse. "
+                    "Run where they are allowed (e.g. docker --security-opt seccomp=unconfined), or set "
+                    "reward.kwargs.isolation=off to run the code with resource limits and seccomp only: it can "
+                    "then read and write whatever the trainer's user can."]
+        _note_once(f"sandbox: namespaces+{_seccomp_word(found)} (own user, mount, PID, IPC, UTS and network "
+                   "namespaces; read-only system and Python environment; a private 64 MiB /tmp; no network)")
+    else:
+        if "error" not in found:
+            _warn_once(f"{key}: reward.kwargs.isolation=off on a machine that can isolate generated code: it runs "
+                       "as the trainer's user and can read and write that user's files (checkpoints, credentials, "
+                       "the Python environment), see other processes in /proc and read their environment. Remove "
+                       "the key to isolate it.")
+        _note_once(f"sandbox: limits+{_seccomp_word(found)} (isolation=off: no namespaces)")
+    return []
+
+
+unit_tests.startup_check = startup_problems  # RewardFunction.startup_problems calls it before any model loads
+_probes: dict[int, dict] = {}
+
+
+def _probe(memory_mb: int) -> dict:
+    """What an isolated box reports on this machine (its ``ready`` message, or ``{"error": why}``), once."""
+    if memory_mb not in _probes:
+        in_force: dict = {}
+        try:
+            run_tests("def f():\n    return 1\n", ["assert f() == 1"], timeout=30.0, memory_mb=memory_mb,
+                      isolation="auto", in_force=in_force)
+        except RuntimeError:
+            in_force = {"error": in_force.get("setup-error", "the box could not set itself up")}
+        _probes[memory_mb] = in_force
+    return _probes[memory_mb]
+
+
+def _seccomp_word(found: dict) -> str:
+    return "seccomp" if found.get("seccomp", "on") == "on" else f"no seccomp ({found.get('seccomp')})"
+
+
+def _check_limits(timeout, memory_mb, isolation="auto") -> None:
     if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not timeout > 0:
         raise UserError(f"reward.kwargs.timeout: got {timeout!r}; give the seconds each program may run, "
                           "a number > 0 (default 5).")
     if not isinstance(memory_mb, int) or isinstance(memory_mb, bool) or memory_mb < MIN_MEMORY_MB:
         raise UserError(f"reward.kwargs.memory_mb: got {memory_mb!r}; give the address-space limit in MiB, "
                           f"an integer >= {MIN_MEMORY_MB} (default 512).")
+    if isolation not in ISOLATION:
+        raise UserError(f"reward.kwargs.isolation: got {isolation!r}; give one of {', '.join(ISOLATION)} "
+                        "(default auto: namespaces; off: limits and seccomp only).")
 
 
-def _child_env(scratch: str) -> dict[str, str]:
-    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": scratch,
-            "TMPDIR": scratch, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-
-
-def _read_report(fd: int, deadline: float, pid: int) -> bytes:
-    """The child's report: read until it closes the pipe, ``MAX_REPORT_BYTES`` or the deadline;
-    then wait (without reaping) for it to exit, at most until the deadline."""
-    chunks, size = [], 0
-    while size < MAX_REPORT_BYTES:
-        left = deadline - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
-            break
-        chunk = os.read(fd, 65536)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        size += len(chunk)
-    # WNOWAIT leaves the exited child a zombie, so its pid still names its process group for the kill.
-    while time.monotonic() < deadline:
-        if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
-            break
-        time.sleep(_POLL_S)
-    return b"".join(chunks)[:MAX_REPORT_BYTES]
+def _child_env(home: str) -> dict[str, str]:
+    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": home,
+            "TMPDIR": home, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL the child's whole process group (it may still run, or have left members), then reap it."""
+    """End the box and reap it. With namespaces the box is the one child of ``proc`` (which only waits
+    for it): kill that child first, so that ``proc`` reaps it and no orphan zombie is left to the
+    machine's init; then SIGKILL the whole process group (anything left) and reap ``proc``."""
+    children = _children(proc.pid)
+    for pid in children:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    if children:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=_REAP_S)
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
     proc.wait()
+
+
+def _children(pid: int) -> list[int]:
+    """The pids of ``pid``'s children, as the kernel lists them (never as the box says)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(c) for c in f.read().split()]
+    except (OSError, ValueError):
+        return []
 
 
 def _remove_tree(path: str) -> None:
@@ -222,28 +293,10 @@ def _remove_tree(path: str) -> None:
         _warn_once(f"unit_tests: could not delete the scratch directory {path}")
 
 
-def _parse_report(report: bytes, nonce: str, n_tests: int, timeout: float) -> list[bool]:
-    """Passed tests from the report lines ``<nonce> <kind> <value>``; a sandbox that failed to set
-    itself up raises (every sample would score 0.0), one that did not start in time warns once."""
-    passed, ready = [False] * n_tests, False
-    for line in report.decode("utf-8", "replace").splitlines():
-        parts = line.split(" ", 2)
-        if len(parts) != 3 or parts[0] != nonce:
-            continue
-        kind, value = parts[1], parts[2]
-        if kind == "pass" and value.isdigit() and int(value) < n_tests:
-            passed[int(value)] = True
-        elif kind == "ready":
-            ready = True
-            if value != "on":
-                _warn_once(f"unit_tests: the seccomp filter could not be installed ({value}); the code runs "
-                           "with resource limits and Python-level blocks only (see areal_trainer/reward/code.py).")
-        elif kind == "setup-error":
-            raise RuntimeError(f"unit_tests: the sandbox could not set itself up before running the code: {value}")
-    if not ready:
-        _warn_once(f"unit_tests: a sandbox did not start within timeout={timeout}s (a busy machine?); its sample "
-                   "scored 0.0. Raise reward.kwargs.timeout if this repeats.")
-    return passed
+def _note_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        logger.info(message)
 
 
 def _warn_once(message: str) -> None:

@@ -167,6 +167,12 @@ class RewardFunction:
         """Whether a column (or batch list) called ``name`` is passed to the function."""
         return name not in self._reserved and (self._varkw or name in self._named)
 
+    def startup_problems(self) -> list[str]:
+        """What the function's own ``startup_check(kwargs, *, key)`` (an attribute, if it has one) finds wrong
+        with running it here: a code reward whose box cannot isolate, say. Called once at start-up."""
+        check = getattr(self.fn, "startup_check", None)
+        return list(check(dict(self.kwargs), key=self.key)) if callable(check) else []
+
     def column_problem(self, columns: frozenset, rows: str = "the dataset rows") -> str | None:
         """The problem of a function whose required parameters ``columns`` (the rows' column names) do not
         all provide, or None; ``rows`` says which rows, e.g. "the rows of train_dataset"."""

@@ -179,8 +179,7 @@ class Reporting(subprocess.Popen):
         print(self.pid, flush=True)
 
 code.subprocess.Popen = Reporting
-code.unit_tests("p", "open('in_code', 'w').close()\\nimport time\\ntime.sleep(60)", "", tests=["assert True"],
-                timeout=60)
+code.unit_tests("p", "import time\\ntime.sleep(60)", "", tests=["assert True"], timeout=60)
 """
 
 
@@ -189,15 +188,17 @@ def test_sandbox_dies_with_a_worker_killed_mid_call(tmp_path):
     env = {**os.environ, "TMPDIR": str(tmp_path)}
     worker = subprocess.Popen([sys.executable, "-c", WORKER], stdout=subprocess.PIPE, text=True, env=env)
     try:
-        sandbox = int(worker.stdout.readline())
+        outer = int(worker.stdout.readline())
         deadline = time.monotonic() + HANG
-        while not list(tmp_path.rglob("in_code")):  # the code runs: it sleeps now
-            assert alive(sandbox) and time.monotonic() < deadline, "the sandbox did not run the code"
+        while not (box := code._children(outer)):  # the box is the waiting process's one child
+            assert alive(outer) and time.monotonic() < deadline, "the sandbox did not start"
             time.sleep(0.01)
+        time.sleep(0.5)  # set up in milliseconds: the code sleeps now
+        assert alive(box[0])
     finally:
         worker.kill()
         worker.wait()
-    assert wait_dead(sandbox)
+    assert wait_dead(outer) and wait_dead(box[0])
 
 
 @pytest.fixture
@@ -236,9 +237,16 @@ def test_forged_report_lines_do_not_count():
     assert unit_tests("p", fenced(forge), "", tests=TESTS) == 0.0
 
 
-def test_scratch_directory_is_the_working_directory_and_is_removed(scratch_root):
-    body = ("import os\nos.makedirs('locked/inner')\nopen('locked/inner/x', 'w').write('x')\n"
-            "os.chmod('locked/inner', 0)\nos.chmod('locked', 0)\n"
-            "here = os.getcwd()\n" + RIGHT)
+LOCKED = ("import os\nos.makedirs('locked/inner')\nopen('locked/inner/x', 'w').write('x')\n"
+          "os.chmod('locked/inner', 0)\nos.chmod('locked', 0)\n")
+
+
+def test_the_box_works_in_its_own_empty_tmp():
+    body = LOCKED + "import os\ndef where():\n    return os.getcwd(), os.environ['HOME'], sorted(os.listdir('.'))\n"
+    assert unit_tests("p", fenced(body), "", tests=["assert where() == ('/tmp', '/tmp', ['locked'])"]) == 1.0
+
+
+def test_without_isolation_the_scratch_directory_is_the_working_directory_and_is_removed(scratch_root):
+    body = LOCKED + "here = os.getcwd()\n" + RIGHT
     tests = [f"assert os.path.dirname(here) == {str(scratch_root)!r}", "assert os.environ['HOME'] == here"]
-    assert unit_tests("p", fenced(body), "", tests=tests) == 1.0
+    assert unit_tests("p", fenced(body), "", tests=tests, isolation="off") == 1.0

@@ -1,34 +1,20 @@
-"""The sandbox child's script: lock the process in, then run the code and its tests.
+"""What locks the box's process in, whatever namespaces it has: resource limits, a seccomp filter and
+blocks at the Python level (loaded by path by ``child.py``: standard library only).
 
-:func:`areal_trainer.reward.code.run_tests` runs this file as ``sys.executable -I -B sandbox.py
-<report fd> <parent pid>`` in a fresh interpreter, in a scratch directory holding ``payload.json``
-(the code, the tests, a report token and the limits). It is a script of its own, importing only the
-standard library, so the child starts fast and loads nothing of the trainer (no torch, no package
-state) into the process that runs untrusted code. Before the code runs, the child:
-
-1. asks the kernel to SIGKILL it when the process that started it dies (``PR_SET_PDEATHSIG``), so a
-   reward worker killed mid-call takes its sandbox along, though the sandbox has its own session;
-2. sets resource limits (never above a hard limit the trainer already has): address space
-   ``memory_mb``, CPU seconds ``ceil(timeout) + 1``, no new processes or threads (``RLIMIT_NPROC``
-   0), files of at most 16 MiB, 64 open files, no core dumps;
-3. installs a seccomp filter (Linux x86-64 and arm64) with which the kernel refuses this process,
-   whatever its user: creating processes or threads, ``exec``, creating sockets (no network, no
-   Unix-socket services either) and ``io_uring``; signalling, tracing or reading the memory of any
-   other process through system calls; system administration (mounts, modules, reboot, clocks,
-   namespaces, bpf); and undoing step 1. ``RLIMIT_NPROC`` alone is not enough: the kernel does not
-   apply it to root, and trainers often run as root in containers;
-4. replaces the Python-level entry points of the same things (``socket.socket`` and its helpers, name
-   lookups, ``os.fork``/``exec*``/``spawn*``/``system``/``popen``/``kill``, ``subprocess``), which
-   gives the code a clear ``PermissionError`` and still blocks them where seccomp is unavailable.
-
-It reports on the pipe ``<report fd>`` in lines ``<token> <kind> <value>``: ``ready <seccomp>``
-(``on``, or why the filter is missing) or ``setup-error <text>`` once set up, then ``pass <i>`` for
-each test that passed. It ends with ``os._exit``, so the code's atexit handlers do not run.
+* Limits (never above a hard limit the trainer already has): address space ``memory_mb``, CPU seconds,
+  no new processes or threads (``RLIMIT_NPROC`` 0), files of at most 16 MiB, 64 open files, no core dumps.
+* The seccomp filter (Linux x86-64 and arm64): the kernel refuses this process, whatever its user,
+  creating processes or threads, ``exec``, creating sockets and ``io_uring``; signalling, tracing or
+  reading the memory of any other process; system administration (mounts, modules, reboot, clocks,
+  namespaces, bpf, chroot); and undoing the parent-death signal. ``RLIMIT_NPROC`` alone is not enough:
+  the kernel does not apply it to root.
+* The Python-level entry points of the same things (``socket``, name lookups, ``os.fork``/``exec*``/
+  ``spawn*``/``system``/``popen``/``kill``, ``subprocess``) raise ``PermissionError``: a clear error for
+  the code, and a block where seccomp is unavailable.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import signal
@@ -38,44 +24,9 @@ FILE_SIZE_LIMIT = 16 << 20
 """Largest file the code may write (RLIMIT_FSIZE), in bytes."""
 OPEN_FILES_LIMIT = 64
 """Most file descriptors the code may hold (RLIMIT_NOFILE)."""
-PAYLOAD = "payload.json"
-"""The file in the scratch directory that the parent writes the run's inputs to."""
 
 
-def main(report_fd: int, parent_pid: int) -> None:
-    """Run the payload's code then each test, reporting ``<nonce> pass <i>`` per passing test."""
-    with open(PAYLOAD, encoding="utf-8") as f:
-        payload = json.load(f)
-    os.unlink(PAYLOAD)
-    nonce = payload["nonce"]
-
-    def report(kind: str, value) -> None:
-        os.write(report_fd, f"{nonce} {kind} {value}\n".encode())
-
-    try:
-        _die_with_parent(parent_pid)
-        _set_limits(payload["memory_mb"], payload["cpu_s"])
-        seccomp = _install_seccomp()
-        _block_python_level()
-    except Exception as e:  # noqa: BLE001 - reported: the parent raises instead of scoring 0.0
-        report("setup-error", f"{type(e).__name__}: {e}".replace("\n", " "))
-        os._exit(1)
-    report("ready", seccomp)
-    namespace = {"__name__": "__solution__", "__builtins__": __builtins__}
-    try:
-        exec(compile(payload["code"], "<solution>", "exec"), namespace)
-    except BaseException:  # noqa: BLE001 - code that does not run passes no test
-        os._exit(0)
-    for i, test in enumerate(payload["tests"]):
-        try:
-            exec(compile(test, f"<test {i}>", "exec"), namespace)
-        except BaseException:  # noqa: BLE001 - a failing, raising or exiting test counts as failed
-            continue
-        report("pass", i)
-    os._exit(0)  # skip interpreter shutdown: atexit handlers and finalizers of the code do not run
-
-
-def _die_with_parent(parent_pid: int) -> None:
+def die_with_parent(parent_pid: int) -> None:
     """Have the kernel SIGKILL this process when the process that started it dies (a reward worker
     killed mid-call): being in its own session, it escapes a kill of the worker's process group."""
     if sys.platform == "linux":
@@ -87,7 +38,7 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
-def _set_limits(memory_mb: int, cpu_s: int) -> None:
+def set_limits(memory_mb: int, cpu_s: int) -> None:
     import resource
 
     def limit(which: int, soft: int, hard: int) -> None:
@@ -152,7 +103,7 @@ def _seccomp_program(machine: str, pid: int) -> list[tuple[int, int, int, int]]:
     return prog + [(ret, 0, 0, allow)]
 
 
-def _install_seccomp() -> str:
+def install_seccomp() -> str:
     """Install the filter; ``on``, or why not (one word, for the report line)."""
     machine = platform.machine().lower().replace("arm64", "aarch64").replace("amd64", "x86_64")
     if sys.platform != "linux" or machine not in _DENY:
@@ -189,7 +140,7 @@ _PROCESS_FUNCTIONS = ("fork", "forkpty", "system", "popen", "posix_spawn", "posi
                       "spawnv", "spawnve", "spawnvp", "spawnvpe", "spawnl", "spawnle", "spawnlp", "spawnlpe")
 
 
-def _block_python_level() -> None:
+def block_python_level() -> None:
     """Make the usual Python ways to reach the network, other processes and programs raise."""
     import _posixsubprocess
     import _socket
@@ -214,7 +165,3 @@ def _block_python_level() -> None:
     for module in (os, posix):
         replace(module, _PROCESS_FUNCTIONS, denied)
     _posixsubprocess.fork_exec = denied  # what subprocess.Popen uses
-
-
-if __name__ == "__main__":
-    main(int(sys.argv[1]), int(sys.argv[2]))
