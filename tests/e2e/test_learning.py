@@ -17,6 +17,7 @@ import os
 
 import pytest
 
+from ..isolation import needs_isolation
 from .helpers import ROOT, cli
 
 pytestmark = pytest.mark.learning
@@ -56,6 +57,7 @@ def test_the_calculator_agent_calls_its_tool_and_learns_to_subtract(tmp_path, ca
     assert after["eval/agent/tool_parse_failures"] <= 0.05 * after["eval/agent/episodes"]
 
 
+@needs_isolation
 def test_the_code_task_learns_to_pass_unit_tests_in_10_steps(tmp_path):
     """examples/code_task: SmolLM2-135M-Instruct writing Python functions, rewarded by sandboxed unit tests. Its
     first 10 steps (the recipe's own data and held-out problems, seed 1) take the held-out answers passing every

@@ -15,6 +15,8 @@ from areal_trainer.reward import code
 from areal_trainer.reward.box import wire
 from areal_trainer.reward.code import run_tests, startup_problems, unit_tests
 
+from ..isolation import needs_isolation
+
 SOLUTION = "def f(x):\n    return 3 * x + 2\n"
 LINUX = sys.platform == "linux" and platform.machine().lower() in ("x86_64", "amd64", "aarch64", "arm64")
 
@@ -66,6 +68,7 @@ def test_a_line_longer_than_the_limit_is_refused():
         lines.pending()
 
 
+@needs_isolation
 def test_handles_compare_by_identity_and_have_no_truth_value():
     body = "class P:\n    def __eq__(self, o):\n        return True\n    def __bool__(self):\n        return True\n" \
            "def p():\n    return P()\ndef same():\n    return P.singleton\nP.singleton = P()\n"
@@ -74,6 +77,7 @@ def test_handles_compare_by_identity_and_have_no_truth_value():
     assert run_tests(body, tests, timeout=5, memory_mb=512) == [True, False, False, False, True, True]
 
 
+@needs_isolation
 def test_solution_objects_are_usable_through_their_handles():
     body = ("class Box:\n    def __init__(self):\n        self.items = {}\n    def __len__(self):\n"
             "        return len(self.items)\n    def __str__(self):\n        return 'Box'\n"
@@ -87,12 +91,14 @@ def test_solution_objects_are_usable_through_their_handles():
     assert run_tests(body, tests, timeout=5, memory_mb=512) == [True] * 4
 
 
+@needs_isolation
 def test_builtins_in_tests_stay_the_builtins():
     body = "def sorted(x):\n    return [1, 2, 3]\ndef f(x):\n    return x\n"
     assert run_tests(body, ["assert sorted(f([3, 2])) == [2, 3]", "assert sorted(f([3, 2])) == [1, 2, 3]"],
                      timeout=5, memory_mb=512) == [True, False]
 
 
+@needs_isolation
 def test_an_exception_the_code_raises_is_the_builtin_one_and_a_dead_box_is_none():
     body = "import os\ndef f(x):\n    if x < 0:\n        raise KeyError(x)\n    os._exit(0)\n"
     expect = "try:\n    f({x})\nexcept Exception:\n    pass\nelse:\n    raise AssertionError"
@@ -100,6 +106,7 @@ def test_an_exception_the_code_raises_is_the_builtin_one_and_a_dead_box_is_none(
                      memory_mb=512) == [True, False, False]
 
 
+@needs_isolation
 def test_start_up_names_what_is_in_force_once(caplog):
     code._warned.clear()
     with caplog.at_level(logging.INFO, logger="areal_trainer.reward.code"):

@@ -16,6 +16,9 @@ from areal_trainer.reward import code
 from areal_trainer.reward.code import extract_code, split_tests, unit_tests
 
 from ..helpers import HANG, alive, wait_dead, within
+from ..isolation import needs_isolation
+
+pytestmark = needs_isolation
 
 TESTS = ["assert f(1) == 5", "assert f(2) == 8", "assert f(0) == 2", "assert f(-1) == -1"]
 RIGHT = "def f(x):\n    return 3 * x + 2\n"

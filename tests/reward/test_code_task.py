@@ -7,11 +7,14 @@ import json
 from areal_trainer.reward.code import unit_tests
 from examples.code_task.problems import SHAPES, generate, write_jsonl
 
+from ..isolation import needs_isolation
+
 
 def fenced(code: str) -> str:
     return f"```python\n{code}```"
 
 
+@needs_isolation
 def test_reference_solutions_pass_and_near_misses_fail():
     problems = generate(2 * len(SHAPES), seed=3)
     for p in problems:

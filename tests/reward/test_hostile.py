@@ -25,6 +25,10 @@ import pytest
 
 from areal_trainer.reward.code import unit_tests
 
+from ..isolation import needs_isolation
+
+pytestmark = needs_isolation
+
 REPO = Path(__file__).resolve().parents[2]
 SLACK_S = 5.0  # start-up, kill and cleanup on a busy 2-core machine
 CONFIG = '{"lr": 0.001}'
