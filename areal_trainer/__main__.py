@@ -148,6 +148,8 @@ def _announce(plan) -> None:
     """Say what a resume does differently: damaged checkpoints skipped, settings that changed."""
     for line in plan.skipped:
         print(f"warning: {line}; skipping it.", file=sys.stderr)
+    for line in plan.warnings:
+        print(f"warning: {line}", file=sys.stderr)
     if plan.unchecked:
         print(f"warning: {plan.checkpoint} records no settings (written by an older version): changed settings "
               "cannot be checked on this resume.", file=sys.stderr)

@@ -492,3 +492,8 @@ def trl_accuracy(completions, solution, **kwargs):
 def solution_positional(prompt, completion, solution):
     """Per sample, its third positional parameter named like the answer column: the answer fills it."""
     return 1.0 if completion == solution else 0.0
+
+
+def odd_length(prompt, completion, answer) -> float:
+    """1 for a completion of odd length, else 0: a reward that varies within every group on any model."""
+    return float(len(completion) % 2)

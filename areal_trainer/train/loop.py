@@ -30,6 +30,7 @@ from .evaluate import evaluate, finish, reverse_kl, unscorable
 from .headline import headline, phase
 from .run import Trainer, seed_everything
 from .state import checkpoint as ckpt
+from .state import divergence
 from .state.resume import ResumePlan, plan_resume
 
 
@@ -38,6 +39,8 @@ def train(t: Trainer) -> dict[str, float]:
     if t.resume_from:
         t.prepare_models()
         t.restore()
+        t.resumed_step = t.step
+        t.start_norm = divergence.start_norm(t.resume_from)
         faults.point("resume.after_restore")
         if t.step >= t.total_steps:  # e.g. total_train_epochs lowered: nothing left to do, nothing to rewrite
             if main:
@@ -59,6 +62,9 @@ def train(t: Trainer) -> dict[str, float]:
             health.observe(r["step"], r)
     if not t.resume_from:
         start(t, log, postfix)
+    saved = t.policy.checkpoint_model()
+    if t.start_norm is None and main and not fsdp.is_sharded(getattr(saved, "module", saved)):
+        t.start_norm = ckpt.weight_stats(ckpt.model_state(saved))["norm"]  # after the warm start: where RL begins
     bar = tqdm(total=t.total_steps, initial=t.step, desc=f"{cfg.algorithm}", dynamic_ncols=True,
                disable=not (cfg.stats_logger.progress_bar and main))
     ctx, last = t.step_context(), {}
@@ -69,14 +75,7 @@ def train(t: Trainer) -> dict[str, float]:
             result, metrics = t.step_once(ctx)
             prompts = sorted(i for ids in dist.gather_objects(result.prompt_ids) for i in ids)
             if t.consecutive_skips >= cfg.actor.max_consecutive_nonfinite_steps:
-                found = ckpt.latest_checkpoint(t.run_dir)
-                resume = (f"The newest checkpoint, {found}, was written before these steps; resume from it with a "
-                          "lower learning rate: recover.mode=auto actor.optimizer.lr=<lower> (a resume may change the "
-                          "learning rate)") if found else "No checkpoint was written yet; start again with a lower " \
-                    "actor.optimizer.lr"
-                raise UserError(f"{t.consecutive_skips} consecutive optimizer steps had a non-finite loss or gradient "
-                                f"norm; stopping at step {t.step}. {resume}, check the reward scale, or raise "
-                                "actor.max_consecutive_nonfinite_steps.")
+                raise UserError(_nonfinite_stop(t))
             if _due(t, cfg.evaluator, last_eval) or t.step == t.total_steps:
                 metrics.update(evaluate_policy(t))
                 last_eval = time.time()
@@ -195,6 +194,26 @@ def _sigterm_stops_cleanly():
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _nonfinite_stop(t: Trainer) -> str:
+    """The message of a run stopped by non-finite steps: where to resume from, and whether the checkpoint
+    the run resumed from is the likely cause (every step since had a non-finite loss)."""
+    head = (f"{t.consecutive_skips} consecutive optimizer steps had a non-finite loss or gradient norm; stopping at "
+            f"step {t.step}.")
+    checkpoints = ckpt.checkpoint_dirs(t.run_dir)
+    if t.resume_from and t.consecutive_skips >= t.step - t.resumed_step:
+        return f"{head} {divergence.resumed_diverged(checkpoints, t.resume_from)}"
+    judged = divergence.judged(checkpoints)
+    if judged and judged[-1][2]:  # the newest checkpoint has diverged already: never advise resuming it
+        _, newest, wrong = judged[-1]
+        advice = divergence.how_to_resume_from(divergence.last_healthy(checkpoints, newest), checkpoints, newest)
+        return f"{head} The newest checkpoint, {newest}, has diverged too: {wrong}. {advice}"
+    found = checkpoints[-1][1] if checkpoints else None
+    resume = (f"The newest checkpoint, {found}, was written before these steps; resume from it with a lower "
+              "learning rate: recover.mode=auto actor.optimizer.lr=<lower> (a resume may change the learning "
+              "rate)") if found else "No checkpoint was written yet; start again with a lower actor.optimizer.lr"
+    return f"{head} {resume}, check the reward scale, or raise actor.max_consecutive_nonfinite_steps."
 
 
 def run(components: Components, run_dir: str, resume: ResumePlan | None = None) -> dict[str, float]:

@@ -66,6 +66,10 @@ class Trainer:
             raise UserError(f"train_dataset.batch_size={cfg.train_dataset.batch_size} (prompts per step, global) "
                             f"must be divisible by the {self.dist.world_size} processes.")
         self.resume_from = resume_from
+        self.resumed_step = 0
+        self.start_norm: float | None = None
+        """The actor's weight norm when training began (kept across resumes): what checkpoints are judged by."""
+        """The step the run resumed at (0 for a fresh start): the loop's stop message judges the steps since."""
         self.tokenizer = load_tokenizer(cfg.tokenizer_path or cfg.actor.path,
                                         key="tokenizer_path" if cfg.tokenizer_path else "actor.path")
         positions = load_positions(cfg.actor.path, tokenizer=self.tokenizer)  # from the config: no weights yet
@@ -231,7 +235,7 @@ class Trainer:
             return ""
         return ckpt.save_checkpoint(self.run_dir, self.step, models=models, tokenizer=self.tokenizer,
                                     state={**state, "rng": rng}, keep_last=self.cfg.saver.keep_last, weights=weights,
-                                    settings=settings_of(self.cfg))
+                                    settings=settings_of(self.cfg), start_norm=self.start_norm)
 
 
 __all__ = ["Trainer", "seed_everything"]

@@ -3,7 +3,8 @@ and RNG states, and the settings the run was trained with, written atomically.
 
 A checkpoint is assembled in a temporary directory (``.tmp-step_<N>-<pid>``), given a manifest of
 its files' sizes and checksums (``manifest.py``), marked complete by a ``COMPLETE`` file written
-last, then renamed to ``checkpoints/step_<N>``. A crash at any point leaves either no
+last (with each model's weight norm and finiteness, ``divergence.py``), then renamed to
+``checkpoints/step_<N>``. A crash at any point leaves either no
 ``step_<N>`` directory or a complete one; ``latest_checkpoint`` only ever returns complete ones, and
 only directories named ``step_<integer>`` (a user's ``step_final/`` backup is left alone). Pruning
 removes ``COMPLETE`` first, so a half-deleted checkpoint never looks complete. A save that fails
@@ -17,6 +18,7 @@ Hugging Face weights that load with or without FSDP.
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import re
@@ -132,12 +134,33 @@ def save_model(model, path: str, state_dict: dict | None = None) -> None:
         model.save_pretrained(path, state_dict=state_dict)
 
 
+def weight_stats(state_dict: dict) -> dict:
+    """``{"finite": bool, "norm": float}`` of the floating-point tensors of ``state_dict`` (norm in float64;
+    ``inf`` when the weights are not finite)."""
+    total, finite = 0.0, True
+    for value in state_dict.values():
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and value.numel():
+            n = float(torch.linalg.vector_norm(value.detach(), dtype=torch.float64))
+            if not math.isfinite(n):  # NaN or inf inside, or finite values whose norm overflows float64
+                finite = finite and bool(torch.isfinite(value).all())
+            total += n * n
+    norm = math.sqrt(total) if finite and math.isfinite(total) else math.inf
+    return {"finite": finite, "norm": norm}
+
+
+def model_state(model) -> dict:
+    """The state dict of what a checkpoint saves for a model (a LoRA checkpoint's: its adapted module's)."""
+    return getattr(model, "module", model).state_dict()
+
+
 def save_checkpoint(run_dir: str, step: int, *, models: dict, tokenizer, state: dict, keep_last: int,
-                    weights: dict | None = None, settings: dict | None = None) -> str:
+                    weights: dict | None = None, settings: dict | None = None, start_norm: float | None = None) -> str:
     """Write ``checkpoints/step_<step>`` atomically; ``state`` holds optimizer/scheduler/loader states.
 
     ``weights``: full state dicts by model name, for models whose own state dict is sharded;
-    ``settings``: the run's configuration (``SETTINGS``). Raises :class:`UserError` naming the
+    ``settings``: the run's configuration (``SETTINGS``); ``start_norm``: the actor's weight norm when the
+    run began (recorded in the marker: the first checkpoint's reference, ``divergence.py``). Raises
+    :class:`UserError` naming the
     directory and the space needed when the files cannot be written."""
     root = os.path.join(run_dir, CKPT_DIR)
     os.makedirs(root, exist_ok=True)
@@ -145,7 +168,8 @@ def save_checkpoint(run_dir: str, step: int, *, models: dict, tokenizer, state: 
     tmp = os.path.join(root, f".tmp-step_{step}-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        _write(tmp, step, models=models, tokenizer=tokenizer, state=state, weights=weights, settings=settings)
+        _write(tmp, step, models=models, tokenizer=tokenizer, state=state, weights=weights, settings=settings,
+               start_norm=start_norm)
     except Exception as e:  # noqa: BLE001 - torch, safetensors and the OS each report a full disk their own way
         written = _size(tmp) if os.path.isdir(tmp) else 0
         shutil.rmtree(tmp, ignore_errors=True)
@@ -164,7 +188,7 @@ def save_checkpoint(run_dir: str, step: int, *, models: dict, tokenizer, state: 
 
 
 def _write(tmp: str, step: int, *, models: dict, tokenizer, state: dict, weights: dict | None,
-           settings: dict | None) -> None:
+           settings: dict | None, start_norm: float | None) -> None:
     for name, model in models.items():
         save_model(model, os.path.join(tmp, name), (weights or {}).get(name))
         tokenizer.save_pretrained(os.path.join(tmp, name))
@@ -175,8 +199,10 @@ def _write(tmp: str, step: int, *, models: dict, tokenizer, state: dict, weights
             json.dump(settings, f, indent=1, default=str)
     manifest.write(tmp)
     faults.point("checkpoint.before_marker")
+    stats = {name: weight_stats((weights or {}).get(name) or model_state(model))
+             for name, model in models.items() if name != "ref"}  # divergence.py judges them on resume
     with open(os.path.join(tmp, MARKER), "w") as f:
-        json.dump({"step": step}, f)
+        json.dump({"step": step, "weights": stats, "start_norm": start_norm}, f)
 
 
 def _save_failure(root: str, step: int, err: BaseException, written: int) -> str:

@@ -4,7 +4,8 @@
 compares the settings it was trained with against this start's (``config/resume.py``) and returns a
 :class:`ResumePlan`: where to resume from and which safe changes apply. A refused change, a run
 directory that holds checkpoints without ``recover.mode=auto``, or checkpoints that are all damaged
-raise :class:`UserError` before the run writes anything. A checkpoint at or past
+raise :class:`UserError` before the run writes anything, as does one whose recorded actor weights are
+not finite (``divergence.py``; an exploded norm is a warning). A checkpoint at or past
 ``total_train_steps`` means the run is already complete.
 """
 
@@ -19,6 +20,7 @@ from typing import Any
 from ...config.resume import Change, compare
 from ...errors import UserError
 from . import checkpoint as ckpt
+from . import divergence
 
 
 @dataclass
@@ -34,6 +36,8 @@ class ResumePlan:
     """The checkpoint is at or past ``total_train_steps``: nothing is left to do."""
     unchecked: bool = False
     """The checkpoint predates recorded settings: changes could not be checked."""
+    warnings: list[str] = field(default_factory=list)
+    """What the checkpoint's recorded weights suggest (an exploded norm, ``divergence.py``)."""
 
 
 def settings_of(cfg: Any) -> dict:
@@ -55,7 +59,7 @@ def plan_resume(run_dir: str, cfg: Any) -> ResumePlan:
                         + ". Start a new run with another trial_name (or actor.path=<a checkpoint's actor directory> "
                         "to start from weights you trust).")
     step = int(os.path.basename(path).split("_", 1)[1])
-    plan = ResumePlan(checkpoint=path, step=step, skipped=skipped)
+    plan = ResumePlan(checkpoint=path, step=step, skipped=skipped, warnings=_weight_warnings(complete, path))
     recorded = os.path.join(path, ckpt.SETTINGS)
     if os.path.isfile(recorded):
         with open(recorded) as f:
@@ -71,3 +75,16 @@ def plan_resume(run_dir: str, cfg: Any) -> ResumePlan:
                         f"actor.path={path}/actor.")
     plan.complete = bool(cfg.total_train_steps) and step >= cfg.total_train_steps
     return plan
+
+
+def _weight_warnings(checkpoints: list[tuple[int, str]], path: str) -> list[str]:
+    """Refuse a checkpoint with non-finite actor weights; a warning for one whose norm exploded."""
+    wrong = next((w for _, p, w in divergence.judged(checkpoints) if p == path), None)
+    if wrong is None:
+        return []
+    advice = divergence.how_to_resume_from(divergence.last_healthy(checkpoints, path), checkpoints, path)
+    if "not all finite" in wrong:
+        raise UserError(f"recover.mode=auto: {path} cannot be resumed: {wrong} (recorded when it was saved), so "
+                        f"every step from it would be non-finite. {advice}")
+    return [f"{path} may have diverged: {wrong}. If the first steps after this resume have a non-finite loss, "
+            f"resume from an earlier checkpoint instead. {advice}"]

@@ -1,0 +1,24 @@
+"""A run that diverges (``actor.optimizer.lr=1e6``) and its resume with a sane learning rate, through the
+real CLI: each stop names the checkpoint that diverged and says there is no healthy one to go back to."""
+
+from .helpers import cli
+
+RUN = ["--config-name", "grpo", "+scale=tiny", "total_train_steps=8", "trial_name=d", "saver.freq_steps=1",
+       "saver.keep_last=10", "evaluator.freq_steps=null", "evaluator.eval_before_train=false", "valid_dataset=null",
+       "actor.max_consecutive_nonfinite_steps=2", "stats_logger.progress_bar=false",
+       "reward.fn=tests.plugins.odd_length"]
+
+
+def test_a_diverged_checkpoint_is_named_on_the_stop_and_on_its_resume(tmp_path):
+    first = cli([*RUN, "actor.optimizer.lr=1e6"], cwd=tmp_path, check=False)
+    assert first.returncode == 1 and "Traceback" not in first.stderr
+    step_1 = tmp_path / "outputs" / "grpo" / "d" / "checkpoints" / "step_1"
+    assert (f"The newest checkpoint, {step_1}, has diverged too: its actor weight norm, " in first.stderr
+            and "x that of the run's start" in first.stderr), first.stderr[-2000:]
+    again = cli([*RUN, "actor.optimizer.lr=1e-3", "recover.mode=auto"], cwd=tmp_path, check=False)
+    assert again.returncode == 1 and "Traceback" not in again.stderr
+    assert f"warning: {step_1} may have diverged: its actor weight norm" in again.stderr
+    assert (f"Every step since resuming from {step_1} (actor weight norm " in again.stderr
+            and "that checkpoint's weights have likely diverged, whatever the learning rate now. No earlier "
+            "checkpoint is healthy: start a new run (another trial_name) with a lower actor.optimizer.lr."
+            in again.stderr), again.stderr[-2000:]
