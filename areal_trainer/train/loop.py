@@ -30,7 +30,7 @@ from .evaluate import evaluate, finish, reverse_kl, unscorable
 from .headline import headline, phase
 from .run import Trainer, seed_everything
 from .state import checkpoint as ckpt
-from .state import divergence
+from .state import divergence, manifest
 from .state.resume import ResumePlan, plan_resume
 
 
@@ -41,6 +41,7 @@ def train(t: Trainer) -> dict[str, float]:
         t.restore()
         t.resumed_step = t.step
         t.start_norm = divergence.start_norm(t.resume_from)
+        _check_unverified(t)
         faults.point("resume.after_restore")
         if t.step >= t.total_steps:  # e.g. total_train_epochs lowered: nothing left to do, nothing to rewrite
             if main:
@@ -194,6 +195,18 @@ def _sigterm_stops_cleanly():
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _check_unverified(t: Trainer) -> None:
+    """A resumed checkpoint without a manifest (nothing checked its files): its loaded actor weights must be finite."""
+    saved = t.policy.checkpoint_model()
+    checked = os.path.isfile(os.path.join(t.resume_from, manifest.MANIFEST))
+    if checked or fsdp.is_sharded(getattr(saved, "module", saved)):
+        return
+    if not ckpt.weight_stats(ckpt.model_state(saved))["finite"]:
+        raise UserError(f"{t.resume_from} has no {manifest.MANIFEST}, and its actor weights loaded with NaN or "
+                        "infinite values: its files are damaged (or it diverged). Resume from an earlier checkpoint "
+                        "(remove this one) or start a new run.")
 
 
 def _nonfinite_stop(t: Trainer) -> str:

@@ -1,6 +1,9 @@
 """A run that diverges (``actor.optimizer.lr=1e6``) and its resume with a sane learning rate, through the
 real CLI: each stop names the checkpoint that diverged and says there is no healthy one to go back to."""
 
+import subprocess
+import sys
+
 from .helpers import cli
 
 RUN = ["--config-name", "grpo", "+scale=tiny", "total_train_steps=8", "trial_name=d", "saver.freq_steps=1",
@@ -22,3 +25,26 @@ def test_a_diverged_checkpoint_is_named_on_the_stop_and_on_its_resume(tmp_path):
             and "that checkpoint's weights have likely diverged, whatever the learning rate now. No earlier "
             "checkpoint is healthy: start a new run (another trial_name) with a lower actor.optimizer.lr."
             in again.stderr), again.stderr[-2000:]
+
+
+FLIP = """
+import glob, sys
+from safetensors.torch import load_file, save_file
+f = glob.glob(sys.argv[1] + "/actor/*.safetensors")[0]
+state = load_file(f)
+next(iter(state.values()))[0] = float("nan")
+save_file(state, f, metadata={"format": "pt"})
+"""
+
+
+def test_a_checkpoint_without_a_manifest_is_resumed_with_a_warning_and_its_weights_checked(tmp_path):
+    base = [*RUN[:3], "trial_name=m", *RUN[5:-1]]  # no total_train_steps, the default reward
+    cli([*base, "total_train_steps=2"], cwd=tmp_path)
+    step_2 = tmp_path / "outputs" / "grpo" / "m" / "checkpoints" / "step_2"
+    (step_2 / "MANIFEST.json").unlink()
+    subprocess.run([sys.executable, "-c", FLIP, str(step_2)], check=True)
+    proc = cli([*base, "total_train_steps=4", "recover.mode=auto"], cwd=tmp_path, check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert f"warning: {step_2} has no MANIFEST.json (written by an older version, or copied without it)" in proc.stderr
+    assert (f"Error: {step_2} has no MANIFEST.json, and its actor weights loaded with NaN or infinite values: its "
+            "files are damaged (or it diverged)." in proc.stderr), proc.stderr[-2000:]

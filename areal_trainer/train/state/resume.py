@@ -20,7 +20,7 @@ from typing import Any
 from ...config.resume import Change, compare
 from ...errors import UserError
 from . import checkpoint as ckpt
-from . import divergence
+from . import divergence, manifest
 
 
 @dataclass
@@ -60,6 +60,9 @@ def plan_resume(run_dir: str, cfg: Any) -> ResumePlan:
                         "to start from weights you trust).")
     step = int(os.path.basename(path).split("_", 1)[1])
     plan = ResumePlan(checkpoint=path, step=step, skipped=skipped, warnings=_weight_warnings(complete, path))
+    if not os.path.isfile(os.path.join(path, manifest.MANIFEST)):
+        plan.warnings.append(f"{path} has no {manifest.MANIFEST} (written by an older version, or copied without "
+                             "it): its files cannot be checked for damage, so its weights are checked once loaded.")
     recorded = os.path.join(path, ckpt.SETTINGS)
     if os.path.isfile(recorded):
         with open(recorded) as f:
