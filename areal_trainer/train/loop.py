@@ -211,13 +211,15 @@ def _check_unverified(t: Trainer) -> None:
 
 def _nonfinite_stop(t: Trainer) -> str:
     """The message of a run stopped by non-finite steps: where to resume from, and whether the checkpoint
-    the run resumed from is the likely cause (every step since had a non-finite loss)."""
+    the run resumed from is the likely cause (its recorded weights are not healthy, and every step since
+    had a non-finite loss)."""
     head = (f"{t.consecutive_skips} consecutive optimizer steps had a non-finite loss or gradient norm; stopping at "
             f"step {t.step}.")
     checkpoints = ckpt.checkpoint_dirs(t.run_dir)
-    if t.resume_from and t.consecutive_skips >= t.step - t.resumed_step:
-        return f"{head} {divergence.resumed_diverged(checkpoints, t.resume_from)}"
     judged = divergence.judged(checkpoints)
+    suspect = {p for _, p, wrong in judged if wrong}  # blamed only on the evidence of their weights
+    if t.resume_from in suspect and t.consecutive_skips >= t.step - t.resumed_step:
+        return f"{head} {divergence.resumed_diverged(checkpoints, t.resume_from)}"
     if judged and judged[-1][2]:  # the newest checkpoint has diverged already: never advise resuming it
         _, newest, wrong = judged[-1]
         advice = divergence.how_to_resume_from(divergence.last_healthy(checkpoints, newest), checkpoints, newest)

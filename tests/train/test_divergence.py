@@ -75,5 +75,6 @@ def test_a_resume_of_exploded_weights_is_a_warning(tmp_path):
     plant(tmp_path, 1, 11.0)
     exploded = plant(tmp_path, 2, 5e6)
     plan = plan_resume(str(tmp_path), Cfg)
-    assert plan.checkpoint == exploded and len(plan.warnings) == 1
+    assert plan.checkpoint == exploded and len(plan.warnings) == 2
+    assert "has no MANIFEST.json" in plan.warnings[1]  # planted without one
     assert plan.warnings[0].startswith(f"{exploded} may have diverged: its actor weight norm, 5e+06, is 4.55e+05x")

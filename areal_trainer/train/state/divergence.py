@@ -10,7 +10,8 @@ non-finite; resuming it with a sane learning rate then stops again. So:
 * resuming one whose actor weight norm is more than :data:`EXPLODED` times that of the checkpoint before
   it is a warning naming both;
 * a resumed run whose every step since the resume had a non-finite loss stops saying that the
-  checkpoint it resumed is the likely cause (:func:`resumed_diverged`), with the last healthy one.
+  checkpoint it resumed is the likely cause when its recorded weights are not healthy
+  (:func:`resumed_diverged`), with the last healthy one; a stop never advises resuming such a checkpoint.
 
 "Healthy": finite weights, and a norm at most :data:`EXPLODED` times that of the healthy checkpoint
 before it (for the first one, the norm when the run began, which every marker records). Checkpoints
