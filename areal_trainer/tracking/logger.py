@@ -9,8 +9,11 @@ import dataclasses
 import json
 import os
 import time
+import warnings
 
 from .. import faults
+from ..errors import UserError
+from . import space
 from .samples import TABLE_COLUMNS, append_samples, table_rows
 
 
@@ -48,13 +51,16 @@ class StatsLogger:
             if offline:  # Run.sync_dir is newer than wandb 0.17; files live in <sync_dir>/files
                 self.offline_dir = getattr(self.wandb, "sync_dir", None) or os.path.dirname(self.wandb.dir)
         self.t0 = time.time()
+        self.samples_failed = False
 
     def log(self, step: int, metrics: dict, extra: dict | None = None) -> None:
         """Append one record; ``extra`` (e.g. the step's prompt ids) goes to the file, not to wandb."""
         record = {"step": step, **{k: (float(v) if isinstance(v, (int, float)) else v) for k, v in metrics.items()},
                   **(extra or {})}
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        try:
+            space.append(self.path, [json.dumps(record) + "\n"])
+        except space.AppendError as e:  # the run cannot keep its history: stop, its checkpoints intact
+            raise UserError(f"{e.strerror} Free some space and resume with recover.mode=auto.") from None
         if self.wandb is not None:
             self.wandb.log(metrics, step=step)
 
@@ -62,7 +68,12 @@ class StatsLogger:
         """Append one step's sample records to ``samples.jsonl`` and, with wandb, log them as a table."""
         if not records:
             return
-        append_samples(self.samples_path, step, records)
+        try:
+            append_samples(self.samples_path, step, records)
+        except space.AppendError as e:  # samples are for reading, not for the run: warn once, go on
+            if not self.samples_failed:
+                warnings.warn(f"{e.strerror} The run goes on without writing samples.", stacklevel=2)
+            self.samples_failed = True
         if self.wandb is not None:
             import wandb
 

@@ -3,9 +3,12 @@ the teacher) and the held-out accuracy, or the held-out mean reward of a run wit
 
 from __future__ import annotations
 
+import contextlib
 import os
+import warnings
 
 from .logger import read_metrics
+from .space import free_space
 
 
 def _series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
@@ -65,9 +68,10 @@ def _held_out(ax, records: list[dict], reward_label: str) -> None:
         ax.text(0.5, 0.5, "no evaluation in this run", ha="center", va="center", transform=ax.transAxes)
 
 
-def plot_run(run_dir: str, title: str = "", *, reward_label: str = "reward", distill: bool = False) -> str:
-    """Write ``curves.png`` next to ``metrics.jsonl``; returns its path. ``reward_label``: what the reward is
-    (named on a mean-reward panel); ``distill``: pure distillation (the left panel shows the reverse KL)."""
+def plot_run(run_dir: str, title: str = "", *, reward_label: str = "reward", distill: bool = False) -> str | None:
+    """Write ``curves.png`` next to ``metrics.jsonl``; returns its path (None: not written, warned).
+    ``reward_label``: what the reward is (named on a mean-reward panel); ``distill``: pure distillation (the
+    left panel shows the reverse KL)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -80,6 +84,15 @@ def plot_run(run_dir: str, title: str = "", *, reward_label: str = "reward", dis
     fig.suptitle(title)
     fig.tight_layout()
     path = os.path.join(run_dir, "curves.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        fig.savefig(path, dpi=110)
+    except OSError as e:  # a full disk costs the picture only: one warning, nothing half-written left
+        with contextlib.suppress(OSError):
+            os.remove(path)
+        warnings.warn(f"cannot write {path}: {type(e).__name__}: {' '.join(str(e).split())[:200]}. Free space there: "
+                      f"{free_space(path)}; the plot needs about 0.1 MiB. The run's metrics are in metrics.jsonl.",
+                      stacklevel=2)
+        return None
+    finally:
+        plt.close(fig)
     return path

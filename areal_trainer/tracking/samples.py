@@ -20,6 +20,8 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from . import space
+
 ENV_OPEN, ENV_CLOSE = "⟦env: ", "⟧"
 TABLE_COLUMNS = ("step", "prompt_id", "group", "index", "versions", "prompt", "completion", "reward", "advantage",
                  "answer_len", "num_turns", "truncated")
@@ -138,11 +140,11 @@ def table_rows(step: int, records: Sequence[Mapping]) -> list[list]:
 
 
 def append_samples(path: str, step: int, records: Sequence[Mapping]) -> None:
-    """Append one JSON line per record, each starting with ``step``; nothing for no records."""
+    """Append one JSON line per record, each starting with ``step``; nothing for no records. All or none of
+    them (``space.append``: an ``AppendError`` leaves the file as it was)."""
     if not records:
         return
-    with open(path, "a", encoding="utf-8") as f:
-        f.writelines(json.dumps({"step": step, **r}, ensure_ascii=False) + "\n" for r in records)
+    space.append(path, [json.dumps({"step": step, **r}, ensure_ascii=False) + "\n" for r in records])
 
 
 def _indented(label: str, text: str) -> str:
