@@ -21,11 +21,13 @@ import torch
 
 from ... import fsdp
 from ...config.actor import PPOActorConfig
+from ...errors import UserError
 from ...loss import PolicyLossInputs, loss_normalizer
 from ...model import lora
 from ...model.load import autocast_dtype, load_causal_lm
 from ...model.prefix import GroupPrefix, resolve_tree_training
 from ..batch import UpdateBatch
+from ..state import manifest
 from . import optim
 from .logprobs import forward_logprobs
 from .optim import build_optimizer, build_scheduler
@@ -81,6 +83,9 @@ class PolicyModel:
         adapter_dir = lora.resume_adapter_dir(resume_from, "actor", cfg.use_lora)
         actor_dir = os.path.join(resume_from, "actor") if resume_from else None
         path = actor_dir if actor_dir and not adapter_dir else cfg.path
+        if path == cfg.path and (wrong := manifest.model_problem(cfg.path)) is not None:
+            raise UserError(f"actor.path={cfg.path!r} is a damaged checkpoint: {wrong}. Start from an intact one (an "
+                            "earlier step of the same run).")
         model = load_causal_lm(path, tokenizer=tokenizer, dtype=cfg.dtype, device=device, seed=seed,
                                init_from_scratch=cfg.init_from_scratch and path == cfg.path)
         base_changed = cfg.init_from_scratch

@@ -28,6 +28,8 @@ from ...model.load import autocast_dtype, resolve_device
 from ...model.prefix import GroupPrefix, group_prefix, resolve_tree_training
 from ...model.teacher import load_teacher, load_teacher_tokenizer, vocabulary_problem
 from ...reward.service import RewardScores
+from ..state import manifest
+from ..state.checkpoint import weight_stats
 from .policy import batched_logprobs
 
 
@@ -102,8 +104,16 @@ class Teachers:
         """Every teacher of ``spec``, on ``teacher.device`` or ``device``; with ``mesh`` (FSDP2) sharded over
         it unless ``teacher.shard`` is false or the teachers have a device of their own."""
         where = resolve_device(spec.device) if spec.device else device
-        models = {t.name: load_teacher(t.path, tokenizer=tokenizer, dtype=t.dtype, device=where, seed=seed, key=t.key)
-                  for t in spec.teachers}
+        models = {}
+        for t in spec.teachers:
+            if (wrong := manifest.model_problem(t.path)) is not None:
+                raise UserError(f"teacher {t.name!r} ({t.key}={t.path!r}) is a damaged checkpoint: {wrong}. Give an "
+                                "intact checkpoint as the teacher (an earlier step of the same run).")
+            models[t.name] = load_teacher(t.path, tokenizer=tokenizer, dtype=t.dtype, device=where, seed=seed,
+                                          key=t.key)
+            if not weight_stats(models[t.name].state_dict())["finite"]:
+                raise UserError(f"teacher {t.name!r} ({t.key}={t.path!r}) has NaN or infinite weights: the checkpoint "
+                                "is damaged or its run diverged. Give a healthy checkpoint as the teacher.")
         return cls(spec, models, where, samples, mesh)
 
     @property

@@ -42,9 +42,10 @@ def write(root: str, exclude: tuple[str, ...] = ()) -> None:
         os.fsync(f.fileno())
 
 
-def problem(root: str) -> str | None:
+def problem(root: str, under: str = "") -> str | None:
     """What is wrong with the files under ``root`` against its manifest, in a few words naming the file
-    (None when they match; also None for a checkpoint written before manifests existed)."""
+    (None when they match; also None for a checkpoint written before manifests existed). ``under``: only
+    the files in that subdirectory (one model of a checkpoint)."""
     path = os.path.join(root, MANIFEST)
     if not os.path.exists(path):
         return None
@@ -53,6 +54,8 @@ def problem(root: str) -> str | None:
             files = json.load(f)["files"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         return f"{MANIFEST} is unreadable ({type(e).__name__})"
+    if under:
+        files = {rel: want for rel, want in files.items() if rel.startswith(under.rstrip("/") + "/")}
     for rel, want in files.items():
         full = os.path.join(root, rel)
         if not os.path.isfile(full):
@@ -64,3 +67,14 @@ def problem(root: str) -> str | None:
         if sha256(os.path.join(root, rel)) != want["sha256"]:
             return f"{rel} has the right size but other contents than were written (checksum mismatch)"
     return None
+
+
+def model_problem(path: str) -> str | None:
+    """For a model directory inside a checkpoint (``.../step_<N>/actor``, the path a user gives as
+    ``actor.path`` or a teacher's), what is wrong with its files against the checkpoint's manifest;
+    None elsewhere or when they match."""
+    path = os.path.abspath(path)
+    root, name = os.path.dirname(path), os.path.basename(path)
+    if not os.path.isdir(path) or not os.path.isfile(os.path.join(root, MANIFEST)):
+        return None
+    return problem(root, under=name)
