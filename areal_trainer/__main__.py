@@ -107,11 +107,14 @@ def _train(cfg, components, run_dir: str, log, lock) -> float | None:
     if starter:
         _announce(plan)
         overrides = list(HydraConfig.get().overrides.task)
-        if plan.checkpoint is None:
-            record.write_start(run_dir, cfg, overrides, HydraConfig.get())
-        else:
-            record.append_resume(run_dir, checkpoint=plan.checkpoint, overrides=overrides, changes=plan.changes,
-                                 skipped=plan.skipped)
+        try:
+            if plan.checkpoint is None:
+                record.write_start(run_dir, cfg, overrides, HydraConfig.get())
+            else:
+                record.append_resume(run_dir, checkpoint=plan.checkpoint, overrides=overrides, changes=plan.changes,
+                                     skipped=plan.skipped)
+        except UserError as e:  # a full disk before anything trained
+            _error(e)
         ckpt.remove_leftovers(run_dir)
     hf_logging.disable_progress_bar()  # per-file bars while saving checkpoints would drown the step bar
     runlog.quiet_libraries()

@@ -7,21 +7,35 @@ the record only once a start is accepted, so a refused resume leaves the first s
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 from typing import Any
 
 import yaml
 
+from ..errors import UserError
+from . import space
+from .space import free_space
+
 SUBDIR = ".hydra"
 RESUMES = "resumes.yaml"
 
 
 def _write(path: str, text: str) -> None:
+    """Write ``path`` whole (a temporary file renamed over it), or raise ``UserError`` naming it and the free
+    space, with the temporary file removed and ``path`` as it was."""
     tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise UserError(f"cannot write the run's record {path}: {type(e).__name__}: {' '.join(str(e).split())[:200]}. "
+                        f"Free space there: {free_space(path)}; it needs {len(text.encode()) / 2**20:.3f} MiB. "
+                        "Nothing was trained yet: free some space and start again.") from None
 
 
 def write_start(run_dir: str, config: Any, overrides: list[str], hydra_config: Any = None) -> None:
@@ -48,8 +62,10 @@ def append_resume(run_dir: str, *, checkpoint: str, overrides: list[str], change
              "changes": {c.key: {"from": _plain(c.old), "to": _plain(c.new)} for c in changes}}
     if skipped:
         entry["skipped_damaged"] = list(skipped)
-    with open(os.path.join(d, RESUMES), "a", encoding="utf-8") as f:
-        f.write(yaml.safe_dump([entry], sort_keys=False))
+    try:
+        space.append(os.path.join(d, RESUMES), [yaml.safe_dump([entry], sort_keys=False)])
+    except space.AppendError as e:
+        raise UserError(f"{e.strerror} Nothing was resumed yet: free some space and resume again.") from None
 
 
 def resumes(run_dir: str) -> list[dict]:

@@ -103,3 +103,26 @@ def test_a_plot_on_a_full_disk_is_one_warning_and_leaves_no_file(tmp_path, monke
     with pytest.warns(UserWarning, match=r"cannot write .*curves\.png: OSError: .*No space left.*Free space there: "):
         assert plot.plot_run(str(tmp_path), "t") is None
     assert not (tmp_path / "curves.png").exists()
+
+
+def test_the_runs_record_on_a_full_disk_is_one_line_and_keeps_what_it_held(tmp_path, monkeypatch, full_disk):
+    from areal_trainer.tracking import record
+
+    d = tmp_path / record.SUBDIR
+    d.mkdir()
+    (d / "config.yaml").write_text("old: 1\n")
+    real_open = open
+
+    def full_open(path, mode="r", *args, **kwargs):
+        if "w" in mode:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(record, "open", full_open, raising=False)
+    with pytest.raises(UserError, match=r"^cannot write the run's record .*config\.yaml: OSError: \[Errno 28\] No "
+                                        r"space left on device\. Free space there: .* MiB; it needs "):
+        record.write_start(str(tmp_path), {"new": 2}, [])
+    assert (d / "config.yaml").read_text() == "old: 1\n" and sorted(p.name for p in d.iterdir()) == ["config.yaml"]
+    with pytest.raises(UserError, match=r"resumes\.yaml: .*No space left.*Nothing was resumed yet"):
+        record.append_resume(str(tmp_path), checkpoint="c", overrides=[], changes=[], skipped=[])
+    assert (d / record.RESUMES).read_text() == ""
