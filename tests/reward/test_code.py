@@ -245,7 +245,9 @@ LOCKED = ("import os\nos.makedirs('locked/inner')\nopen('locked/inner/x', 'w').w
 
 
 def test_the_box_works_in_its_own_empty_tmp():
-    body = LOCKED + "import os\ndef where():\n    return os.getcwd(), os.environ['HOME'], sorted(os.listdir('.'))\n"
+    # Only what the code made, and the path to a Python environment that lives under /tmp (a fresh clone's).
+    body = LOCKED + ("import os, sys\nvenv = {sys.prefix.split('/')[2] if sys.prefix.startswith('/tmp/') else ''}\n"
+                     "def where():\n    return os.getcwd(), os.environ['HOME'], sorted(set(os.listdir('.')) - venv)\n")
     assert unit_tests("p", fenced(body), "", tests=["assert where() == ('/tmp', '/tmp', ['locked'])"]) == 1.0
 
 

@@ -8,7 +8,8 @@ the machine is
   on ``sys.path``) read-only, at their usual paths; nothing else of the host's filesystem (no ``/etc``,
   no home directory, no checkout, no checkpoint, no ``/sys``);
 * an empty ``/tmp`` (a tmpfs of :data:`SCRATCH_MB` MiB and :data:`SCRATCH_FILES` entries, gone with
-  the box) as the only writable place: the working directory, ``HOME`` and ``TMPDIR``;
+  the box) as the only writable place: the working directory, ``HOME`` and ``TMPDIR`` (a Python
+  environment that lives under ``/tmp`` is shown read-only inside it, at its path);
 * its own ``/proc``, in which it is process 1 and the only process (no ``/proc`` at all where the
   kernel refuses to mount one, e.g. under a container runtime that masks parts of the host's);
 * ``/dev`` with ``null``, ``zero``, ``random`` and ``urandom`` only;
@@ -161,6 +162,10 @@ def _build_root(shown: list[str], machine: str) -> None:
     os.chdir("/")
     new = "/newroot"
     _mount("tmpfs", new, "tmpfs", nosuid_nodev, "size=1m,nr_inodes=1024,mode=755")
+    # The scratch first: a Python environment that lives under /tmp (a fresh clone's .venv) is shown inside it.
+    os.mkdir(new + "/tmp")
+    _mount("tmpfs", new + "/tmp", "tmpfs", nosuid_nodev,
+           f"size={SCRATCH_MB}m,nr_inodes={SCRATCH_FILES},mode=1777")
     for path in shown:
         _show(path, new)
     os.mkdir(new + "/dev", 0o755)
@@ -173,9 +178,6 @@ def _build_root(shown: list[str], machine: str) -> None:
         _mount("proc", new + "/proc", "proc", nosuid_nodev | _MS["NOEXEC"])
     except IsolationError:
         pass  # a masked host /proc: the box goes without one
-    os.mkdir(new + "/tmp")
-    _mount("tmpfs", new + "/tmp", "tmpfs", nosuid_nodev,
-           f"size={SCRATCH_MB}m,nr_inodes={SCRATCH_FILES},mode=1777")
     os.chdir(new)
     _pivot_root(".", ".", machine)  # the old root now lies beneath the new one: detach it
     _check(_libc.umount2(b".", _MNT_DETACH), "umount the old root")
