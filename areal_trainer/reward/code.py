@@ -294,12 +294,14 @@ def _remove_tree(path: str) -> None:
 
 
 def _note_once(message: str) -> None:
-    if message not in _warned:
-        _warned.add(message)
-        logger.info(message)
+    _once(logging.INFO, message)
 
 
 def _warn_once(message: str) -> None:
+    _once(logging.WARNING, message)
+
+
+def _once(level: int, message: str) -> None:
     if message not in _warned:
         _warned.add(message)
-        logger.warning(message)
+        logger.log(level, message)

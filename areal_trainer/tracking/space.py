@@ -17,9 +17,11 @@ class AppendError(OSError):
 
 
 def free_space(path: str) -> str:
-    """The free space of the file system holding ``path``, as ``12.3 MiB`` (``unknown`` if it cannot be read)."""
+    """The free space of the file system holding ``path`` (a directory, or a file that may not exist yet), as
+    ``12.3 MiB`` (``unknown`` if it cannot be read)."""
+    where = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
     try:
-        return f"{shutil.disk_usage(os.path.dirname(os.path.abspath(path)) or '.').free / 2**20:.1f} MiB"
+        return f"{shutil.disk_usage(where).free / 2**20:.1f} MiB"
     except OSError:
         return "unknown"
 

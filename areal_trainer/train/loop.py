@@ -63,9 +63,8 @@ def train(t: Trainer) -> dict[str, float]:
             health.observe(r["step"], r)
     if not t.resume_from:
         start(t, log, postfix)
-    saved = t.policy.checkpoint_model()
-    if t.start_norm is None and main and not fsdp.is_sharded(getattr(saved, "module", saved)):
-        t.start_norm = ckpt.weight_stats(ckpt.model_state(saved))["norm"]  # after the warm start: where RL begins
+    if t.start_norm is None and main and (stats := _actor_stats(t)) is not None:
+        t.start_norm = stats["norm"]  # after the warm start: where RL begins
     bar = tqdm(total=t.total_steps, initial=t.step, desc=f"{cfg.algorithm}", dynamic_ncols=True,
                disable=not (cfg.stats_logger.progress_bar and main))
     ctx, last = t.step_context(), {}
@@ -197,13 +196,18 @@ def _sigterm_stops_cleanly():
         signal.signal(signal.SIGTERM, previous)
 
 
+def _actor_stats(t: Trainer) -> dict | None:
+    """The actor's weight norm and finiteness, as a checkpoint records them; None for a sharded actor (its
+    full weights exist only in a collective gather, which a save does)."""
+    saved = t.policy.checkpoint_model()
+    return None if fsdp.is_sharded(getattr(saved, "module", saved)) else ckpt.weight_stats(ckpt.model_state(saved))
+
+
 def _check_unverified(t: Trainer) -> None:
     """A resumed checkpoint without a manifest (nothing checked its files): its loaded actor weights must be finite."""
-    saved = t.policy.checkpoint_model()
-    checked = os.path.isfile(os.path.join(t.resume_from, manifest.MANIFEST))
-    if checked or fsdp.is_sharded(getattr(saved, "module", saved)):
+    if os.path.isfile(os.path.join(t.resume_from, manifest.MANIFEST)) or (stats := _actor_stats(t)) is None:
         return
-    if not ckpt.weight_stats(ckpt.model_state(saved))["finite"]:
+    if not stats["finite"]:
         raise UserError(f"{t.resume_from} has no {manifest.MANIFEST}, and its actor weights loaded with NaN or "
                         "infinite values: its files are damaged (or it diverged). Resume from an earlier checkpoint "
                         "(remove this one) or start a new run.")

@@ -30,6 +30,7 @@ import torch
 from ... import faults
 from ...errors import UserError
 from ...model.critic import HEAD_FILE, ValueModel
+from ...tracking.space import free_space
 from . import manifest
 
 CKPT_DIR = "checkpoints"
@@ -207,14 +208,13 @@ def _write(tmp: str, step: int, *, models: dict, tokenizer, state: dict, weights
 
 def _save_failure(root: str, step: int, err: BaseException, written: int) -> str:
     """One line: where the save failed, why, the free space and about how much a checkpoint needs."""
-    free = shutil.disk_usage(root).free
     previous = checkpoint_dirs(os.path.dirname(root))
     need = _size(previous[-1][1]) if previous else written
     why = " ".join(str(err).split())[:200] or type(err).__name__
     kept = (f"the earlier checkpoints are kept (newest: {previous[-1][1]})" if previous
             else "no earlier checkpoint exists")
     return (f"cannot write checkpoint step_{step} into {root}: {type(err).__name__}: {why}. Free space there: "
-            f"{free / 2**20:.1f} MiB; a checkpoint of this run needs about {need / 2**20:.1f} MiB. The partial "
+            f"{free_space(root)}; a checkpoint of this run needs about {need / 2**20:.1f} MiB. The partial "
             f"checkpoint was removed and {kept}. Free some space (or set saver.keep_last lower) and resume with "
             "recover.mode=auto.")
 

@@ -82,7 +82,8 @@ def how_to_resume_from(healthy: str | None, checkpoints: list[tuple[int, str]], 
     if healthy is None:
         return ("No earlier checkpoint is healthy: start a new run (another trial_name) with a lower "
                 "actor.optimizer.lr.")
-    newer = [p for s, p in checkpoints if s > dict((p, s) for s, p in checkpoints)[healthy]]
+    kept = next(s for s, p in checkpoints if p == healthy)
+    newer = [p for s, p in checkpoints if s > kept]
     return (f"The last healthy checkpoint is {healthy}: remove the newer ones (rm -r {' '.join(newer) or bad}) "
             "and resume again with recover.mode=auto and a lower actor.optimizer.lr.")
 
