@@ -10,7 +10,7 @@ join paths to ``base_url`` (the ``openai`` client's ``client.post("/rl/set_rewar
 ``/v1/rl/set_reward``). ``GET /v1/models`` lists one model, ``policy``, but any model name is
 accepted in requests.
 
-Threads and loops. The server (FastAPI on uvicorn) runs its own event loop in a daemon thread
+Threads and loops. The server (Starlette on uvicorn) runs its own event loop in a daemon thread
 named ``areal-endpoint-<port>``. A handler's methods are called there: a coroutine function is
 awaited on that loop (it must not block it); a plain function is run in a worker thread, so it may
 block, e.g. on ``asyncio.run_coroutine_threadsafe(...).result()``. ``LoopHandler`` wraps a handler
@@ -42,9 +42,11 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import uvicorn
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 
 from areal_trainer.dtypes import fits_float32
 from areal_trainer.rollout.agents.openai_types import ChatCompletion
@@ -279,14 +281,14 @@ class EndpointServer:
 
     # -------------------------------------------------------------------------------- routes
 
-    def _build_app(self) -> FastAPI:
-        app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
-        app.add_exception_handler(HTTPException, self._http_error)
-        app.add_api_route("/v1/chat/completions", self._chat, methods=["POST"])
-        app.add_api_route("/v1/models", self._models, methods=["GET"])
-        app.add_api_route("/rl/set_reward", self._set_reward, methods=["POST"])
-        app.add_api_route("/v1/rl/set_reward", self._set_reward, methods=["POST"])
-        return app
+    def _build_app(self) -> Starlette:
+        # Plain Starlette routes: the endpoint parses and checks its JSON itself, so a framework's request
+        # validation and middleware would only add per-request work.
+        routes = [Route("/v1/chat/completions", self._chat, methods=["POST"]),
+                  Route("/v1/models", self._models, methods=["GET"]),
+                  Route("/rl/set_reward", self._set_reward, methods=["POST"]),
+                  Route("/v1/rl/set_reward", self._set_reward, methods=["POST"])]
+        return Starlette(routes=routes, exception_handlers={HTTPException: self._http_error})
 
     async def _http_error(self, request: Request, exc: Exception) -> JSONResponse:
         """Starlette's own errors (no such route, wrong method) as OpenAI-style JSON."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import os
+import queue
 import sys
 import threading
 import time
@@ -40,30 +41,57 @@ class LoopBlocked(Exception):
 
 
 class DaemonExecutor(concurrent.futures.ThreadPoolExecutor):
-    """Runs each call in a daemon thread of its own, and never waits for them at shutdown.
+    """Runs each call in a daemon thread, and never waits for them at shutdown.
 
     Plain ``def`` agents, sync tools and engine calls run in worker threads. A thread cannot be
     stopped, so one that never returns (an agent past its timeout, a hung tool) is abandoned: the
     standard executor would make the end of every rollout call, and the process's exit, wait for it.
+    A worker that finishes waits ``IDLE_S`` for the next call before it ends, so the many short calls of
+    a rollout (the ``openai`` client runs one per new client copy) reuse threads instead of starting
+    one each; a call that finds no idle worker starts a new one, so a hung call never delays another.
     (A ``ThreadPoolExecutor`` only because asyncio accepts no other default executor; its pool is unused.)
     """
 
+    IDLE_S = 30.0
+
+    def __init__(self) -> None:
+        super().__init__(max_workers=1)
+        self._work: queue.SimpleQueue = queue.SimpleQueue()
+        self._idle = 0
+        self._idle_lock = threading.Lock()
+
     def submit(self, fn, /, *args, **kwargs) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
-
-        def work() -> None:
-            if not future.set_running_or_notify_cancel():
-                return
-            try:
-                future.set_result(fn(*args, **kwargs))
-            except BaseException as e:  # noqa: BLE001 - handed to whoever awaits the future
-                future.set_exception(e)
-
-        threading.Thread(target=work, name="areal-agent-worker", daemon=True).start()
+        with self._idle_lock:
+            start = self._idle == 0
+            if not start:
+                self._idle -= 1  # this call is that idle worker's
+        self._work.put((future, fn, args, kwargs))
+        if start:
+            threading.Thread(target=self._worker, name="areal-agent-worker", daemon=True).start()
         return future
 
+    def _worker(self) -> None:
+        while True:
+            try:
+                future, fn, args, kwargs = self._work.get(timeout=self.IDLE_S)
+            except queue.Empty:
+                with self._idle_lock:
+                    if self._idle > 0:
+                        self._idle -= 1
+                        return
+                continue  # a call was handed to this worker as it timed out: take it
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(*args, **kwargs))
+                except BaseException as e:  # noqa: BLE001 - handed to whoever awaits the future
+                    future.set_exception(e)
+            del future, fn, args, kwargs
+            with self._idle_lock:
+                self._idle += 1
+
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        """Nothing to wait for: the threads are daemons, and a finished one has already ended."""
+        """Nothing to wait for: the threads are daemons, and an idle one ends by itself."""
 
 
 class EpisodeLoop:
