@@ -221,12 +221,23 @@ def warmstart_key(parts: dict) -> str:
     from ..model import builtin, packing
     from .models import logprobs
 
-    h = hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode())
+    h = hashlib.sha256(json.dumps({**parts, "kernels": kernel_identity()}, sort_keys=True, default=str).encode())
     for path in (arith.__file__, builtin.__file__, builtin.VOCAB_FILE, logprobs.__file__, packing.__file__, __file__):
         with open(path, "rb") as f:
             h.update(f.read())
     h.update(torch.__version__.encode())
     return h.hexdigest()[:24]
+
+
+def kernel_identity() -> dict:
+    """What decides the float kernels' summation order, and so the warm start's last bits: the CPU kernels
+    torch dispatches to (``ATEN_CPU_CAPABILITY`` included), the intra-op thread count, and the GPU model.
+    A warm start computed under other kernels is another warm start (runs diverge from there), so it is
+    never reused for these."""
+    out = {"cpu": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads()}
+    if torch.cuda.is_available():
+        out["gpu"] = torch.cuda.get_device_name()
+    return out
 
 
 def load_cached(model, key: str) -> dict | None:

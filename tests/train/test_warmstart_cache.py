@@ -52,3 +52,32 @@ def test_a_stored_warm_start_is_read_back(tmp_path, monkeypatch):
     got = sft.load_cached(other, "k3")
     assert got is not None and got["sft/loss"] == 0.25
     assert torch.equal(other.weight, model.weight)
+
+
+def test_the_key_names_the_kernels_that_computed_the_warm_start(monkeypatch):
+    """A warm start computed with other float kernels or another thread count is another warm start: the
+    key differs, so portable-kernel runs never reuse a native-kernel warm start (or the reverse)."""
+    import subprocess
+    import sys
+
+    parts = {"actor": "builtin:tiny", "seed": 1, "steps": 300}
+    code = "import torch; from areal_trainer.train import sft; torch.set_num_threads(1); print(sft.warmstart_key(%r))"
+    env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
+
+    def key_in_child(**extra):
+        out = subprocess.run([sys.executable, "-c", code % (parts,)], env={**env, **extra}, capture_output=True,
+                             text=True, check=True)
+        return out.stdout.strip()
+
+    native, portable = key_in_child(), key_in_child(ATEN_CPU_CAPABILITY="default")
+    assert native == key_in_child()  # the same kernels: the same key
+    if torch.backends.cpu.get_cpu_capability() != "DEFAULT":
+        assert native != portable
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = sft.warmstart_key(parts)
+        torch.set_num_threads(2)
+        assert sft.warmstart_key(parts) != one
+    finally:
+        torch.set_num_threads(before)
