@@ -104,15 +104,17 @@ def test_nothing_below_the_binding_imports_config(name):
 
 
 SUBSYSTEMS = {
-    "rollout.engines": ("rollout.agents", "rollout.workflows"),
-    "rollout.workflows": ("rollout.agents",),
-    "rollout": ("rollout.engines", "rollout.agents", "rollout.workflows"),
-    "train": ("rollout.agents",),
+    "rollout.engines": ("rollout.agents", "rollout.workflows", "rollout.servers"),
+    "rollout.workflows": ("rollout.agents", "rollout.servers"),
+    "rollout.servers": ("rollout.agents", "rollout.workflows"),
+    "rollout": ("rollout.engines", "rollout.agents", "rollout.workflows", "rollout.servers"),
+    "train": ("rollout.agents", "rollout.servers"),
 }
 """Inside the layers: a subsystem (its modules) -> what it never imports. Engines sample and know nothing
-of who asks; workflows are written against an engine; agents run on both. ``rollout``'s own top-level
-modules (the shared types, batches, limits) import none of its subsystems. ``train`` never imports the
-agents (their endpoint, sessions, tools): it sees a workflow's rows only."""
+of who asks; servers run an engine in a process of its own and are an engine to the trainer; workflows are
+written against an engine; agents run on both. ``rollout``'s own top-level modules (the shared types,
+batches, limits) import none of its subsystems. ``train`` never imports the agents (their endpoint, sessions,
+tools) nor the servers (it gets an engine): it sees a workflow's rows only."""
 
 
 def _subsystem(name: str) -> str | None:

@@ -8,11 +8,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..config.servers import using_servers
 from ..errors import one_of
 from ..plugins import PluginError, check_signature, resolve
 from ..rollout.agents.spec import load_agent
 from ..rollout.agents.tool_parsers import get_parser
 from ..rollout.engines.backends import ENGINES, EngineSpec
+from .servers import bind_servers
 
 
 @dataclass(frozen=True)
@@ -33,7 +35,7 @@ def bind_rollout(cfg, problems: list[str], *, light: bool = False) -> RolloutPar
     whose modules import torch (a user's path is resolved: its imports are the user's)."""
     r = cfg.rollout
     n = len(problems)
-    engine = _engine(cfg, problems)
+    engine = _engine(cfg, problems, light)
     if r.agent is not None:
         workflow, workflow_kwargs = _agent(cfg, problems, light)
     elif light and _own(r.workflow):
@@ -52,9 +54,11 @@ def bind_rollout(cfg, problems: list[str], *, light: bool = False) -> RolloutPar
     return RolloutParts(engine, kwargs, workflow, workflow_kwargs, accept)
 
 
-def _engine(cfg, problems: list[str]) -> EngineSpec | None:
+def _engine(cfg, problems: list[str], light: bool = False) -> EngineSpec | None:
     r = cfg.rollout
     name = r.backend
+    if using_servers(cfg):
+        return bind_servers(cfg, problems, light)
     if name not in ENGINES:
         problems += one_of("rollout.backend", name, tuple(ENGINES))
         return None

@@ -106,6 +106,13 @@ class PPOActorConfig(TrainEngineConfig):
     # -- robustness ---------------------------------------------------------------------------
     max_consecutive_nonfinite_steps: int = 3
     """A non-finite loss or grad norm skips the optimizer step; this many in a row stop the run."""
+    # -- weights pushed to inference servers (rollout.backend=<engine>:d<N>p1t<T> or rollout.server_addrs) ------
+    weight_update_mode: str = "disk"
+    """``disk`` (safetensors files the servers read) or ``xccl`` (a collective group: NCCL on GPUs, gloo on CPU)."""
+    weight_update_timeout: float = 600.0
+    """Seconds one weight update may take in all; a server that has not taken the weights by then stops the run."""
+    weight_update_dir: Optional[str] = None
+    """Where ``disk`` updates are written (null: the run directory's ``servers/weights``); the servers must read it."""
 
     def check(self, key: str) -> list[str]:
         p = super().check(key)
@@ -120,6 +127,9 @@ class PPOActorConfig(TrainEngineConfig):
         p += at_least_one(f"{key}.ppo_n_minibatches", self.ppo_n_minibatches)
         p += at_least_one(f"{key}.max_consecutive_nonfinite_steps", self.max_consecutive_nonfinite_steps)
         p += at_least_one(f"{key}.max_new_tokens", self.max_new_tokens)
+        p += one_of(f"{key}.weight_update_mode", self.weight_update_mode, ("disk", "xccl"))
+        if not (is_number(self.weight_update_timeout) and self.weight_update_timeout > 0):
+            p.append(f"{key}.weight_update_timeout: got {self.weight_update_timeout!r}; must be > 0 seconds.")
         if self.kl_ctl < 0:
             p.append(f"{key}.kl_ctl: got {self.kl_ctl}; must be >= 0.")
         if not self.reward_clip > 0:

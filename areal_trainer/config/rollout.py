@@ -16,8 +16,17 @@ class RolloutConfig(Checked):
     """How trajectories are produced: the inference backend, the workflow, and group filtering."""
 
     backend: str = "hf"
-    """The inference engine (``rollout/engines/backends.py``): ``hf`` (transformers generate, works everywhere) or
-    ``vllm`` (optional extra; colocated engine)."""
+    """The inference engine: ``hf`` (transformers generate, works everywhere) or ``vllm`` (optional extra), both in
+    the trainer's processes (``rollout/engines/backends.py``); or ``<engine>:d<N>p1t<T>`` (e.g. ``vllm:d2p1t1``): N
+    inference server processes beside the trainer, each with tensor parallelism T (``rollout/servers/``)."""
+    server_addrs: list[str] = field(default_factory=list)
+    """``host:port`` of inference servers started by hand (``python -m areal_trainer.rollout.servers``): the run
+    samples on them and pushes its weights to them instead of starting its own."""
+    setup_timeout: float = 300.0
+    """Seconds the run waits for its inference servers to start (or to answer, with ``server_addrs``)."""
+    request_retries: int = 3
+    """How many times a generate request that failed on a server (refused, reset, timed out, 5xx) is sent again,
+    to another server."""
     vllm_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments for ``vllm.LLM`` (e.g. ``gpu_memory_utilization``, ``enforce_eager``)."""
     workflow: str = DEFAULT_WORKFLOW
@@ -60,7 +69,8 @@ class RolloutConfig(Checked):
     """Precision of the rollout's copy of the policy (null: the trainer's own weights and precision).
     ``bfloat16`` under float32 training gives the train/inference mismatch of bf16 inference engines."""
     request_timeout: float = 3600.0
-    """Seconds the trainer waits for the rollout thread to finish a generation call before stopping the run."""
+    """Seconds the trainer waits for the rollout thread to finish a generation call before stopping the run; with
+    inference servers also the most one request to a server may take (then it is retried on another)."""
     agent: str | None = None
     """Import path of the agent run once per episode in place of a workflow: an async function
     ``run(data, *, client)`` or ``run(data, *, base_url, api_key)``, or a class with such a ``run`` method. It
@@ -105,8 +115,10 @@ class RolloutConfig(Checked):
         for name in ("consumer_batch_size", "max_concurrent_rollouts", "queue_size"):
             p += at_least_one(f"{key}.{name}", getattr(self, name), nullable=True)
         p += fraction(f"{key}.lagged_switch_prob", self.lagged_switch_prob)
-        if not self.request_timeout > 0:
-            p.append(f"{key}.request_timeout: got {self.request_timeout}; must be > 0 seconds.")
+        for name in ("request_timeout", "setup_timeout"):
+            if not (is_number(getattr(self, name)) and getattr(self, name) > 0):
+                p.append(f"{key}.{name}: got {getattr(self, name)!r}; must be > 0 seconds.")
+        p += integer_at_least(f"{key}.request_retries", self.request_retries, 0)
         return p + self._check_agent(key)
 
     def _check_agent(self, key: str) -> list[str]:

@@ -17,6 +17,7 @@ from .compat import compat_warnings
 from .keys import sections
 from .pitfalls import useless_run_problems
 from .schema import TrainerConfig
+from .servers import server_problems
 
 
 def collect(cfg: TrainerConfig, *, light: bool = False) -> tuple[list[str], list[str]]:
@@ -54,7 +55,7 @@ def _cross_section(cfg: TrainerConfig) -> tuple[list[str], list[str]]:
             p.append(f"{key}: {path!r} does not exist (no such file or directory).")
         elif key in _MODEL_KEYS or key.startswith("teacher."):
             p += _not_a_model(key, path, full)
-    p += _rollout_problems(cfg) + _scheduler_problems(cfg)
+    p += _rollout_problems(cfg) + _scheduler_problems(cfg) + server_problems(cfg)
     if cfg.dynamic_bs and cfg.rollout.dynamic_filter is None:
         w.append("dynamic_bs=true without rollout.dynamic_filter: every group is accepted, the batch is fixed.")
     return p, w

@@ -99,7 +99,8 @@ class Trainer:
         rollout = build_rollout(cfg, components.rollout, model=self.policy.model, tokenizer=self.tokenizer,
                                 reward=train_reward, eval_reward=self.reward, loader=self.loader, device=self.device,
                                 autocast_dtype=self.policy.autocast, world_size=self.dist.world_size,
-                                reduce_max=lambda x: int(self.dist.all_reduce(torch.tensor(x), "max")))
+                                reduce_max=lambda x: int(self.dist.all_reduce(torch.tensor(x), "max")),
+                                work_dir=run_dir, dist=self.dist)
         self.rollout = rollout
         self.source, self.eval_workflow = rollout.source, rollout.eval_workflow
         self.policy.colocated = rollout.colocated

@@ -28,6 +28,8 @@ class EngineSpec:
         can_switch_mid_call: a weight switch can land inside a ``generate`` call (reproducible off-policy
             runs with ``rollout.lagged_switch_prob > 0``).
         extra_kwargs_key: the config key of extra constructor arguments (``rollout.vllm_kwargs``), or "".
+        servers: the engine samples on inference server processes (``rollout/servers/``): its ``make`` also takes
+            the run directory (``work_dir``) and the process group (``dist``).
     """
 
     make: Callable[..., Any]
@@ -35,6 +37,7 @@ class EngineSpec:
     supports_fsdp: bool
     can_switch_mid_call: bool
     extra_kwargs_key: str = ""
+    servers: bool = False
 
 
 def _make_hf(model, tokenizer, *, device, autocast_dtype, seed, dtype, batch_size, interruptible, share_prefill,

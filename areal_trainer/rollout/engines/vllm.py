@@ -47,7 +47,7 @@ from ...errors import UserError
 from ..limits import new_token_caps, positions_of
 from ..types import Generation
 from .stops import may_have_stopped, stop_at, stop_strings
-from .weights import WeightGate
+from .weights import WeightGate, checkpoint_weights
 
 INSTALL_HINT = ("rollout.backend=vllm needs the 'vllm' package, which is not importable here. On a CUDA machine: "
                 "pip install vllm (or pip install -e '.[vllm]'). On a CPU-only machine: "
@@ -108,22 +108,6 @@ class WeightSyncExtension:
         return len(weights)
 
 
-def checkpoint_weights(model) -> dict[str, torch.Tensor]:
-    """The policy's weights by checkpoint name, with ``lm_head.weight`` present even when it is
-    tied to the input embeddings (vLLM keeps a separately packed copy of the output layer that
-    is rebuilt only when ``lm_head.weight`` itself is loaded). ``model``: a module or a full state dict."""
-    if not isinstance(model, torch.nn.Module):
-        weights = {k: v.detach() for k, v in model.items()}
-        if "lm_head.weight" not in weights and "model.embed_tokens.weight" in weights:
-            weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
-        return weights
-    weights = {k: v.detach() for k, v in model.state_dict().items()}
-    head = model.get_output_embeddings()
-    if head is not None and "lm_head.weight" not in weights:
-        weights["lm_head.weight"] = head.weight.detach()
-    return weights
-
-
 class VLLMEngine:
     """Samples answers with vLLM from the policy ``model``; ``version`` is the policy version of its weights.
 
@@ -173,7 +157,11 @@ class VLLMEngine:
         kwargs.update(llm_kwargs)
         self._dir = tempfile.mkdtemp(prefix="areal_vllm_")
         try:
-            model.save_pretrained(self._dir)
+            if any(p.is_meta for p in model.parameters()):  # the architecture only: its weights are pushed later
+                model.config.save_pretrained(self._dir)
+                kwargs.setdefault("load_format", "dummy")
+            else:
+                model.save_pretrained(self._dir)
             # Building the engine seeds the global RNGs of this process (in-process mode); keep the
             # trainer's random streams as they were.
             devices = [torch.cuda.current_device()] if self.device.type == "cuda" else []
@@ -203,12 +191,13 @@ class VLLMEngine:
     def _load(self, model) -> None:
         weights = checkpoint_weights(model)
         if self.in_process:
-            payload: Any = list(weights.items())
+            payload: Any = list(weights.items()) if isinstance(weights, dict) else weights
         else:
             from safetensors.torch import save
 
             dtype = self.llm.llm_engine.model_config.dtype
-            payload = save({k: v.to("cpu", dtype).contiguous().clone() for k, v in weights.items()})
+            pairs = weights.items() if isinstance(weights, dict) else weights
+            payload = save({k: v.to("cpu", dtype).contiguous().clone() for k, v in pairs})
         self.llm.collective_rpc("areal_load_weights", args=(payload,))
         self.llm.reset_prefix_cache()
 

@@ -79,19 +79,61 @@ class WeightGate:
 @torch.no_grad()
 def copy_weights(dst: torch.nn.Module, src) -> None:
     """Copy ``src``'s parameters and buffers into ``dst`` (same architecture; dtypes may differ).
-    ``src`` is a module or a state dict (name -> tensor)."""
-    tensors = _tensors(src)
-    for name, p in dst.named_parameters():
-        p.copy_(tensors[name])
-    for name, b in dst.named_buffers():
-        if name in tensors:
-            b.copy_(tensors[name])
+    ``src`` is a module, a state dict (name -> tensor), or an iterable of ``(name, tensor)`` pairs that arrive one
+    at a time (a weight stream: every parameter of ``dst`` must come, a buffer may)."""
+    if isinstance(src, torch.nn.Module | dict):
+        tensors = _tensors(src)
+        for name, p in dst.named_parameters():
+            p.copy_(tensors[name])
+        for name, b in dst.named_buffers():
+            if name in tensors:
+                b.copy_(tensors[name])
+        return
+    params, buffers = dict(dst.named_parameters()), dict(dst.named_buffers())
+    tied = _tied_aliases(dst)
+    missing = set(params)
+    for name, tensor in src:
+        target = params.get(name, buffers.get(name))
+        if target is None:
+            if name in tied:
+                continue  # the output layer tied to the embeddings: it came under its own name too
+            raise KeyError(f"weight {name!r} is not a parameter or buffer of the model")
+        target.copy_(tensor)
+        missing.discard(name)
+    if missing:
+        raise KeyError(f"the weight stream ended without {len(missing)} parameter(s), e.g. {sorted(missing)[:3]}")
+
+
+def _tied_aliases(model: torch.nn.Module) -> set[str]:
+    """Parameter names that ``named_parameters`` hides because they share a tensor (tied embeddings)."""
+    seen = {id(p) for p in model.parameters()}
+    return {name for name, p in model.named_parameters(remove_duplicate=False) if id(p) in seen} - \
+        {name for name, _ in model.named_parameters()}
 
 
 def _tensors(model) -> dict[str, torch.Tensor]:
     if isinstance(model, torch.nn.Module):
         return {**dict(model.named_buffers()), **dict(model.named_parameters())}
     return model
+
+
+def checkpoint_weights(model) -> dict[str, torch.Tensor]:
+    """The policy's weights by checkpoint name, with ``lm_head.weight`` present even when it is
+    tied to the input embeddings (vLLM keeps a separately packed copy of the output layer that
+    is rebuilt only when ``lm_head.weight`` itself is loaded). ``model``: a module, a full state dict, or a stream of
+    ``(name, tensor)`` pairs (returned as it is: its sender includes ``lm_head.weight``)."""
+    if not isinstance(model, torch.nn.Module | dict):
+        return model
+    if not isinstance(model, torch.nn.Module):
+        weights = {k: v.detach() for k, v in model.items()}
+        if "lm_head.weight" not in weights and "model.embed_tokens.weight" in weights:
+            weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
+        return weights
+    weights = {k: v.detach() for k, v in model.state_dict().items()}
+    head = model.get_output_embeddings()
+    if head is not None and "lm_head.weight" not in weights:
+        weights["lm_head.weight"] = head.weight.detach()
+    return weights
 
 
 def snapshot(model) -> dict[str, torch.Tensor]:

@@ -103,7 +103,8 @@ def rollout_mode(cfg: TrainerConfig) -> str:
 
 
 def build_rollout(cfg: TrainerConfig, parts: RolloutParts, *, model, tokenizer, reward, loader, device: torch.device,
-                  autocast_dtype, world_size: int, reduce_max: Callable[[int], int], eval_reward=None) -> Rollout:
+                  autocast_dtype, world_size: int, reduce_max: Callable[[int], int], eval_reward=None,
+                  work_dir: str = ".", dist=None) -> Rollout:
     """Engines, workflows and the source for ``cfg`` (see the module docstring). ``parts``: the engine's
     registry entry, the workflow class and the filter, bound at start-up (``components/rollout.py``).
     ``eval_reward``: the evaluation's reward service when it differs from the training rollouts' ``reward``
@@ -115,13 +116,15 @@ def build_rollout(cfg: TrainerConfig, parts: RolloutParts, *, model, tokenizer, 
         return parts.workflow(engine=engine, tokenizer=tokenizer, reward=scorer, **parts.workflow_kwargs)
 
     def engine(spec: EngineSpec, **kw):
+        if spec.servers:  # they write under the run directory; the main process starts them
+            kw.update(work_dir=work_dir, dist=dist)
         return spec.make(model, tokenizer, device=device, autocast_dtype=autocast_dtype, seed=cfg.seed,
                          dtype=torch_dtype(r.dtype), batch_size=r.generation_batch_size,
                          share_prefill=share_prefill(cfg), **parts.engine_kwargs, **kw)
 
     # Synchronous in the trainer's precision: the policy samples itself (or an engine holds its own weights).
     # Otherwise the engine gets its own copy and stops at every token for weight updates and switches.
-    colocated = mode == "sync" and r.dtype is None
+    colocated = mode == "sync" and r.dtype is None and not parts.engine.servers
     rollout_engine = engine(parts.engine, stoppable=not colocated,
                             interruptible=mode == "concurrent" and r.partial_rollout)
     train_workflow = workflow(rollout_engine)
