@@ -25,6 +25,7 @@ from typing import NamedTuple
 
 import torch
 
+from ..errors import number_in
 from .masked import masked_mean
 from .types import Stats
 
@@ -126,14 +127,10 @@ def clip(x: SurrogateInputs, *, eps_clip: float, eps_clip_higher: float | None =
 
 def clip_problems(key: str, *, eps_clip: float, eps_clip_higher: float | None = None,
                   c_clip: float | None = None) -> list[str]:
-    p = []
-    if eps_clip < 0:
-        p.append(f"{key}.eps_clip: got {eps_clip}; must be >= 0.")
-    if eps_clip_higher is not None and eps_clip_higher < 0:
-        p.append(f"{key}.eps_clip_higher: got {eps_clip_higher}; must be >= 0 or null.")
-    if c_clip is not None and not c_clip > 1:
-        p.append(f"{key}.c_clip: got {c_clip}; the dual-clip constant must be > 1 (3.0 is usual), or null to disable.")
-    return p
+    return (number_in(f"{key}.eps_clip", eps_clip, 0) + number_in(f"{key}.eps_clip_higher", eps_clip_higher, 0,
+                                                                     nullable=True)
+            + number_in(f"{key}.c_clip", c_clip, 1, open_low=True, nullable=True,
+                        note="the dual-clip constant, 3.0 is usual; null disables it"))
 
 
 def sapo_gate(ratio: torch.Tensor, tau: float) -> torch.Tensor:
@@ -166,8 +163,8 @@ def sapo(x: SurrogateInputs, *, sapo_tau_pos: float, sapo_tau_neg: float) -> Sur
 
 
 def sapo_problems(key: str, *, sapo_tau_pos: float, sapo_tau_neg: float) -> list[str]:
-    return [f"{key}.{name}: got {v}; SAPO temperatures must be positive."
-            for name, v in (("sapo_tau_pos", sapo_tau_pos), ("sapo_tau_neg", sapo_tau_neg)) if not v > 0]
+    return [x for name, v in (("sapo_tau_pos", sapo_tau_pos), ("sapo_tau_neg", sapo_tau_neg))
+            for x in number_in(f"{key}.{name}", v, 0, open_low=True, note="a SAPO gate temperature")]
 
 
 def cispo(x: SurrogateInputs, *, eps_clip: float, eps_clip_higher: float | None = None) -> SurrogateResult:

@@ -88,7 +88,7 @@ def test_the_checks_that_need_torch_run_once_the_light_ones_find_nothing(tmp_pat
                          "rollout.workflow=areal_trainer.rollout.workflows.single_turn.NoSuchWorkflow"], tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "Error: 3 configuration problems:" in proc.stderr
-    for needle in ("actor.rejection_sampling.upper: got 0.5; upper must be > 1.0 for metric 'ratio'",
+    for needle in ("actor.rejection_sampling.upper: got 0.5; must be > 1.0 for metric 'ratio'",
                    ("rollout.workflow: module 'areal_trainer.rollout.workflows.single_turn' has no attribute "
                     "'NoSuchWorkflow'"),
                    "actor.eps_clip: got -1.0; must be >= 0."):
