@@ -8,6 +8,11 @@ from ..dtypes import DTYPE_NAMES
 from .base import Checked, at_least_one, fraction, integer_at_least, number_in, one_of
 
 DEFAULT_WORKFLOW = "areal_trainer.rollout.workflows.single_turn.RLVRWorkflow"
+AGENT_EXPORTS = ("individual", "concat")
+"""``rollout/agents/trajectory.py::EXPORTS`` (``rollout.agent_export``), spelled without importing the agents
+(``tests/config/test_light_checks.py`` fails when they differ)."""
+AGENT_BATCHING = ("episodes", "eager")
+"""``rollout/agents/workflow.py::BATCHING`` (``rollout.agent_batching``)."""
 
 
 @dataclass
@@ -107,8 +112,8 @@ class RolloutConfig(Checked):
         return p + self._check_agent(key)
 
     def _check_agent(self, key: str) -> list[str]:
-        p = one_of(f"{key}.agent_export", self.agent_export, ("individual", "concat"))
-        p += one_of(f"{key}.agent_batching", self.agent_batching, ("episodes", "eager"))
+        p = one_of(f"{key}.agent_export", self.agent_export, AGENT_EXPORTS)
+        p += one_of(f"{key}.agent_batching", self.agent_batching, AGENT_BATCHING)
         p += number_in(f"{key}.agent_batch_wait", self.agent_batch_wait, 0, open_low=True, unit="seconds",
                        nullable=True, note="null: no limit")
         p += integer_at_least(f"{key}.agent_max_calls", self.agent_max_calls, 1)

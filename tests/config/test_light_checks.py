@@ -135,6 +135,14 @@ def test_the_configs_names_are_the_maths_own():
     assert maths.IS_LEVELS == ratio.IS_LEVELS
 
 
+def test_the_configs_names_are_the_agents_own():
+    from areal_trainer.config import rollout
+    from areal_trainer.rollout.agents import trajectory, workflow
+
+    assert rollout.AGENT_EXPORTS == trajectory.EXPORTS
+    assert rollout.AGENT_BATCHING == workflow.BATCHING
+
+
 def test_the_light_modules_import_no_torch():
     """What the command line imports before its checks, imported alone in a fresh interpreter."""
     code = ("import sys; import areal_trainer.__main__, areal_trainer.components, areal_trainer.config.help, "
