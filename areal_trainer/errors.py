@@ -11,6 +11,7 @@ the check, and through it to the call of the user's function.
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -44,14 +45,37 @@ def is_integer(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def integer_at_least(key: str, value: Any, low: int, *, nullable: bool = False, note: str = "") -> list[str]:
-    """A problem unless ``value`` is an integer >= ``low`` (or None, when ``nullable``): the one wording of a
-    count's bound. ``note``: what a value means, added in parentheses (e.g. ``0 writes no file``)."""
-    if (value is None and nullable) or (is_integer(value) and value >= low):
+def number_in(key: str, value: Any, low: float | None = None, high: float | None = None, *, open_low: bool = False,
+              open_high: bool = False, integer: bool = False, finite: bool = False, nullable: bool = False,
+              unit: str = "", note: str = "", high_label: str | None = None, kind: str | None = None) -> list[str]:
+    """A problem unless ``value`` is a number within the bounds (or None, when ``nullable``): the one wording of
+    every bound of the package. ``low`` / ``high``: the bounds, inclusive unless ``open_low`` / ``open_high``;
+    ``integer``: an ``int`` (not a bool); ``finite``: no inf or NaN. The message names the key, the value and the
+    range: ``k: got -1; must be > 0 seconds or null (note).`` ``unit`` follows a one-sided bound; ``high_label``
+    shows the upper bound by its source (``max_new_tokens=8``); ``kind`` replaces the words naming the type
+    (``an integer ``, ``a finite number ``)."""
+    if value is None and nullable:
         return []
-    kind = "" if low == 1 else "an integer "
-    return [f"{key}: got {value!r}; must be {kind}>= {low}{' or null' if nullable else ''}"
+    typed = is_integer(value) if integer else is_number(value) and (not finite or math.isfinite(value))
+    if typed and (low is None or (value > low if open_low else value >= low)) and (
+            high is None or (value < high if open_high else value <= high)):
+        return []
+    words = kind if kind is not None else "an integer " if integer else "a finite number " if finite else ""
+    shown_high = high if high_label is None else high_label
+    if low is not None and high is not None:
+        bound = f"in {'(' if open_low else '['}{low}, {shown_high}{')' if open_high else ']'}"
+    elif low is not None:
+        bound = f"{'>' if open_low else '>='} {low}{f' {unit}' if unit else ''}"
+    else:
+        bound = f"{'<' if open_high else '<='} {shown_high}{f' {unit}' if unit else ''}"
+    return [f"{key}: got {value!r}; must be {words}{bound}{' or null' if nullable else ''}"
             f"{f' ({note})' if note else ''}."]
+
+
+def integer_at_least(key: str, value: Any, low: int, *, nullable: bool = False, note: str = "") -> list[str]:
+    """A problem unless ``value`` is an integer >= ``low`` (or None, when ``nullable``): a count's bound
+    (:func:`number_in`). ``note``: what a value means, added in parentheses (e.g. ``0 writes no file``)."""
+    return number_in(key, value, low, integer=True, nullable=nullable, note=note, kind="" if low == 1 else None)
 
 
 def one_of(key: str, value: Any, choices: Iterable[Any], fix: str = "") -> list[str]:

@@ -15,7 +15,7 @@ import time
 import torch
 
 from areal_trainer.advantage import AdvantageResult, OutcomeResult, TemporalResult
-from areal_trainer.loss import PolicyLoss, PolicyLossResult, SurrogateResult
+from areal_trainer.loss import PolicyLoss, PolicyLossResult, Stat, SurrogateResult
 
 # -- advantage stages ------------------------------------------------------------------------------
 
@@ -114,6 +114,23 @@ def wrong_shape_baseline(inputs):
 def reinforce(x, *, scale: float = 1.0) -> SurrogateResult:
     """``-scale * A * r``: the plain importance-weighted policy gradient, no clip."""
     return SurrogateResult(-scale * x.advantages * x.ratio, {"actor/reinforce/scale": torch.tensor(scale)})
+
+
+def declared_reinforce(x) -> SurrogateResult:
+    """``-A * r`` with statistics made with their reductions: the largest ratio of the step (``Stat.max``, whatever
+    the name), the tokens with a positive advantage (``Stat.sum``) and a plain mean of the ratio's mean."""
+    loss = -x.advantages * x.ratio
+    r = x.ratio.detach()
+    mean = torch.where(x.mask, r, 0.0).sum() / x.mask.sum().clamp_min(1)
+    return SurrogateResult(loss, {"actor/declared/largest_ratio": Stat.max(torch.where(x.mask, r, -torch.inf).amax()),
+                                  "actor/declared/positive": Stat.sum((x.mask & (x.advantages > 0)).sum().float()),
+                                  "actor/declared/ratio_mean": Stat.mean(mean)})
+
+
+def max_with_a_weight(x) -> SurrogateResult:
+    """A statistic declared as a maximum with a weight, which only a mean has."""
+    return SurrogateResult(-x.advantages * x.ratio, {"actor/bad": Stat(x.ratio.detach().amax(), "max",
+                                                                        x.n_valid)})
 
 
 def wrong_shape(x) -> SurrogateResult:

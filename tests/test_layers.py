@@ -145,6 +145,23 @@ def test_no_import_cycle():
     interpreter, not from the design."""
     graph = {n: {t if t in MODULES else t.rsplit(".", 1)[0] for t in imports(n, p)} & MODULES.keys()
              for n, p in MODULES.items()}
+    assert_acyclic(graph)
+
+
+def test_the_checks_see_an_import_inside_a_function_and_a_cycle_through_it(tmp_path):
+    """The two checks above can fail: a lazy import is found, and a cycle closed by one is reported."""
+    path = tmp_path / "masked.py"
+    path.write_text("import torch\n\n\ndef f():\n    from .policy import PolicyLoss\n"
+                    "    import areal_trainer.config.keys\n    return PolicyLoss\n")
+    assert imports("loss.masked", str(path)) >= {"loss.policy", "config.keys"}
+    with pytest.raises(AssertionError, match="import cycle: loss.masked -> loss.policy -> loss.masked"):
+        assert_acyclic({"loss.masked": {"loss.policy"}, "loss.policy": {"loss.masked", "loss.types"},
+                        "loss.types": set()})
+    assert_acyclic({"loss": {"loss.policy"}, "loss.policy": {"loss"}})  # a package and its own module
+
+
+def assert_acyclic(graph: dict[str, set[str]]) -> None:
+    """Fail naming the first import cycle of ``graph`` (module -> the modules it imports)."""
     state: dict[str, int] = {}
 
     def visit(node, path):

@@ -12,7 +12,6 @@ the full config key.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -25,7 +24,7 @@ from ..advantage.process import GVPO_DEFAULTS
 from ..advantage.settings import AdvantageSettings, norm_of
 from ..advantage.stages import BUILTINS, AdvantageFn
 from ..config.areal_keys import StageChoice, baseline_choice, estimator_choice
-from ..errors import ConfigError, is_number, one_of
+from ..errors import ConfigError, number_in, one_of, suggest
 from ..plugins import PluginError, check_signature, resolve
 
 _LAMBDA_BUILTINS = (lambda_fn.constant_gae_lambda, lambda_fn.vapo_length_adaptive_gae,
@@ -118,9 +117,10 @@ def _process_problems(choice: StageChoice, actor, key: str) -> list[str]:
     if choice.name == "gvpo":
         for name, v in choice.kwargs.items():
             if name not in GVPO_DEFAULTS:
-                p.append(f"{prefix}.kwargs.{name}: not a GVPO parameter; accepted: {', '.join(GVPO_DEFAULTS)}.")
-            elif not is_number(v) or not math.isfinite(v) or v < 0:
-                p.append(f"{prefix}.kwargs.{name}: got {v!r}; must be a finite number >= 0.")
+                p.append(f"{prefix}.kwargs.{name}: not a GVPO parameter.{suggest(name, GVPO_DEFAULTS)} Accepted: "
+                         f"{', '.join(GVPO_DEFAULTS)}.")
+            else:
+                p += number_in(f"{prefix}.kwargs.{name}", v, 0, finite=True)
     return p
 
 

@@ -32,8 +32,11 @@ from ..loss import (
     PolicyLoss,
     PolicyLossResult,
     PolicyPlan,
+    Reduction,
     RejectionSettings,
+    Stat,
     Surrogate,
+    declared,
 )
 from ..loss.aggregate import aggregation_problems
 from ..loss.m2po import m2po_problems
@@ -160,10 +163,25 @@ def _check_gradient(label: str, name: str, out: torch.Tensor, logprobs: torch.Te
                      "loss is (inputs.logprobs * 0).sum()).")
 
 
+def _scalar(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and t.dim() == 0
+
+
 def _check_stats(label: str, stats: Any) -> None:
-    if not isinstance(stats, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) and v.dim() == 0
-                                              for k, v in stats.items()):
-        _fail(label, "stats must be a dict of str -> 0-dim tensors (use {} for none).")
+    """A dict of str -> 0-dim tensors (given the default reduction, ``loss/stats.py::declared``) or ``Stat``s
+    made with theirs (``Stat.mean(x, weight=n)``, ``Stat.sum``, ``Stat.max``, ``Stat.min``)."""
+    if not isinstance(stats, dict) or not all(isinstance(k, str) for k in stats):
+        _fail(label, "stats must be a dict of str -> 0-dim tensors or loss.Stat values (use {} for none).")
+    for key, v in stats.items():
+        if isinstance(v, Stat):
+            if not (_scalar(v.value) and isinstance(v.reduction, Reduction)
+                    and (v.weight is None or v.reduction is Reduction.MEAN and _scalar(v.weight))):
+                _fail(label, f"stats[{key!r}] is a Stat whose value (or weight) is not a 0-dim tensor, or whose weight "
+                             "is not that of a mean; make it with Stat.mean(x, weight=n), Stat.sum(x), Stat.max(x) or "
+                             "Stat.min(x) of 0-dim tensors.")
+        elif not _scalar(v):
+            _fail(label, f"stats[{key!r}] is a {type(v).__name__}; stats must be a dict of str -> 0-dim tensors or "
+                         "loss.Stat values (use {} for none).")
 
 
 def _checked_surrogate(fn: Callable, label: str) -> Callable:
@@ -205,7 +223,7 @@ class CheckedLoss:
         if not bool(torch.isfinite(loss.detach())):
             _fail(self.label, f"the loss is {float(loss)}; it must be finite.")
         _check_stats(self.label, stats)
-        return PolicyLossResult(loss, stats)
+        return PolicyLossResult(loss, declared(stats))
 
     def __repr__(self) -> str:
         return f"CheckedLoss({self.label})"

@@ -74,8 +74,7 @@ def bind_reward(r, problems: list[str], *, light: bool = False) -> RewardSpec | 
     for i, path in enumerate(paths):
         key = "reward.fn" if isinstance(r.fn, str) else f"reward.fn[{i}]"
         try:
-            functions.append(RewardFunction.bind(path, kwargs=_kwargs_of(r, path, len(paths), problems), key=key,
-                                                 style=r.style))
+            functions.append(RewardFunction.bind(path, kwargs=r.kwargs_of(path), key=key, style=r.style))
         except PluginError as e:
             problems.append(str(e))
     if not light:  # runs a process or two (a code reward's probe of its box): not on the command line's fast path
@@ -96,18 +95,3 @@ def bind_reward(r, problems: list[str], *, light: bool = False) -> RewardSpec | 
                       workers=r.workers, timeout=float(r.timeout), timeout_value=float(r.timeout_value),
                       error_value=float(r.error_value), max_error_fraction=float(r.max_error_fraction),
                       model=model, remote=remote)
-
-
-def _kwargs_of(r, path: str, n_paths: int, problems: list[str]) -> dict:
-    """``reward.kwargs``: the function's own with one function; with a list, a map from each function's
-    name (or path) to its kwargs."""
-    if n_paths <= 1:
-        return dict(r.kwargs)
-    name = path.rsplit(".", 1)[-1].split(":")[-1]
-    unknown = [k for k in r.kwargs if k not in (path, name) and not any(k in (p, p.rsplit(".", 1)[-1])
-                                                                        for p in r.fn)]
-    if unknown and path == r.fn[0]:
-        problems.append(f"reward.kwargs: with a list of functions, its keys name the functions (by name or path): "
-                        f"{', '.join(map(repr, unknown))} names none of them.")
-    own = r.kwargs.get(path, r.kwargs.get(name, {}))
-    return dict(own) if isinstance(own, dict) else {}

@@ -5,12 +5,11 @@ before any model loads: the keys' own values here, the rules of the policy loss 
 stages where they are bound (``components/loss.py``, ``components/advantage.py``).
 """
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
 from . import maths as m
-from .base import at_least_one, fraction, is_number, one_of
+from .base import at_least_one, fraction, is_number, number_in, one_of
 from .parts import (
     AdvantageConfig,
     NormConfig,
@@ -127,13 +126,10 @@ class PPOActorConfig(TrainEngineConfig):
         p += at_least_one(f"{key}.ppo_n_minibatches", self.ppo_n_minibatches)
         p += at_least_one(f"{key}.max_consecutive_nonfinite_steps", self.max_consecutive_nonfinite_steps)
         p += at_least_one(f"{key}.max_new_tokens", self.max_new_tokens)
+        p += number_in(f"{key}.kl_ctl", self.kl_ctl, 0)
+        p += number_in(f"{key}.reward_clip", self.reward_clip, 0, open_low=True)
         p += one_of(f"{key}.weight_update_mode", self.weight_update_mode, ("disk", "xccl"))
-        if not (is_number(self.weight_update_timeout) and self.weight_update_timeout > 0):
-            p.append(f"{key}.weight_update_timeout: got {self.weight_update_timeout!r}; must be > 0 seconds.")
-        if self.kl_ctl < 0:
-            p.append(f"{key}.kl_ctl: got {self.kl_ctl}; must be >= 0.")
-        if not self.reward_clip > 0:
-            p.append(f"{key}.reward_clip: got {self.reward_clip}; must be > 0.")
+        p += number_in(f"{key}.weight_update_timeout", self.weight_update_timeout, 0, open_low=True, unit="seconds")
         p += fraction(f"{key}.discount", self.discount)
         p += _lambda_problems(key, self.gae_lambda) + _json_problems(f"{key}.gae_lambda_kwargs", self.gae_lambda_kwargs)
         if self.overlong_reward_penalty:
@@ -170,8 +166,7 @@ class PPOCriticConfig(TrainEngineConfig):
         if not self.is_critic:
             p.append(f"{key}.is_critic: got false; the critic section is the value model (remove the key, "
                      "or set it to true as AReaL requires).")
-        if not self.eps_clip > 0:
-            p.append(f"{key}.eps_clip: got {self.eps_clip}; the value clip range must be > 0.")
+        p += number_in(f"{key}.eps_clip", self.eps_clip, 0, open_low=True, note="the value clip range")
         if self.optimizer is None:
             p.append(f"{key}.optimizer: the critic is trained and needs an optimizer section.")
         return p
@@ -181,9 +176,7 @@ def _lambda_problems(key: str, lam: Any) -> list[str]:
     if isinstance(lam, bool):
         return [f"{key}.gae_lambda: got a bool ({lam}); give a float in [0, 1] or an import path."]
     if is_number(lam):
-        if not math.isfinite(lam) or not 0 <= lam <= 1:
-            return [f"{key}.gae_lambda: got {lam}; a static lambda must be a finite number in [0, 1]."]
-        return []
+        return number_in(f"{key}.gae_lambda", lam, 0, 1, finite=True, note="a static lambda")
     if isinstance(lam, str):
         if not lam.strip():
             return [f"{key}.gae_lambda: got an empty string; give a float or 'package.module.function'."]
@@ -197,8 +190,6 @@ def _overlong_problems(key: str, tokens: Any, factor: Any, max_new: int) -> list
         p.append(f"{key}.overlong_reward_penalty=true needs {key}.overlong_tokens and {key}.overlong_penalty_factor "
                  "(DAPO uses 512 and 1.0).")
         return p
-    if not 0 < tokens <= max_new:
-        p.append(f"{key}.overlong_tokens: got {tokens}; must be in (0, {key}.max_new_tokens={max_new}].")
-    if factor < 0:
-        p.append(f"{key}.overlong_penalty_factor: got {factor}; must be >= 0.")
-    return p
+    return number_in(f"{key}.overlong_tokens", tokens, 0, max_new, open_low=True,
+                     high_label=f"{key}.max_new_tokens={max_new}") + number_in(
+        f"{key}.overlong_penalty_factor", factor, 0)

@@ -9,10 +9,10 @@ reported together (``validate.validate``, called by ``components.build``).
 
 from __future__ import annotations
 
-from ..errors import ConfigError, integer_at_least, is_integer, is_number, one_of, suggest
+from ..errors import ConfigError, integer_at_least, is_integer, is_number, number_in, one_of, suggest
 
 __all__ = ["Checked", "ConfigError", "at_least_one", "fraction", "integer_at_least", "is_integer", "is_number",
-           "one_of", "suggest"]
+           "number_in", "one_of", "suggest"]
 
 
 class Checked:
@@ -29,13 +29,11 @@ class Checked:
         return []
 
 
-def at_least_one(key: str, value, *, nullable: bool = False) -> list[str]:
+def at_least_one(key: str, value, *, nullable: bool = False, note: str = "") -> list[str]:
     """A problem unless ``value`` is an integer >= 1 (or None, when ``nullable``)."""
-    return integer_at_least(key, value, 1, nullable=nullable)
+    return integer_at_least(key, value, 1, nullable=nullable, note=note)
 
 
 def fraction(key: str, value) -> list[str]:
     """A problem unless ``value`` is a number in [0, 1]."""
-    if not is_number(value) or not 0 <= value <= 1:
-        return [f"{key}: got {value!r}; must be in [0, 1]."]
-    return []
+    return number_in(key, value, 0, 1)

@@ -3,7 +3,7 @@
 
 from dataclasses import dataclass, field
 
-from .base import Checked, integer_at_least, one_of
+from .base import Checked, integer_at_least, number_in, one_of
 
 
 @dataclass
@@ -16,9 +16,8 @@ class _Freq(Checked):
     """After a step, when at least this many seconds have passed since the last time (null: not by time)."""
 
     def check(self, key: str) -> list[str]:
-        return [f"{key}.{n}: got {getattr(self, n)}; must be > 0 or null."
-                for n in ("freq_epochs", "freq_steps", "freq_secs")
-                if getattr(self, n) is not None and not getattr(self, n) > 0]
+        return [x for n in ("freq_epochs", "freq_steps", "freq_secs")
+                for x in number_in(f"{key}.{n}", getattr(self, n), 0, open_low=True, nullable=True)]
 
 
 @dataclass
@@ -128,7 +127,5 @@ class SFTWarmupConfig(Checked):
     stored under ``$AREAL_TRAINER_CACHE`` (default ``~/.cache/areal_trainer``)."""
 
     def check(self, key: str) -> list[str]:
-        if self.steps is not None and self.steps < 0:
-            return [f"{key}.steps: got {self.steps}; must be >= 0 or null."]
-        return []
+        return integer_at_least(f"{key}.steps", self.steps, 0, nullable=True)
 

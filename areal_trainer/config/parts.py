@@ -6,14 +6,13 @@ Typing uses ``Optional``/``Dict`` because OmegaConf 2.3 structured configs do no
 """
 
 import json
-import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from ..advantage.settings import Norm
 from ..dtypes import DTYPE_NAMES
 from . import maths
-from .base import Checked, at_least_one, fraction, is_integer, is_number, one_of
+from .base import Checked, at_least_one, fraction, number_in, one_of
 
 # The maths' names are spelled in ``config/maths.py``;
 # these belong to the training infrastructure (train/models/optim.py, model/load.py) and live here.
@@ -40,12 +39,9 @@ class NormConfig(Norm, Checked):
         levels = maths.NORM_LEVELS
         p = one_of(f"{key}.mean_level", self.mean_level, levels)
         p += one_of(f"{key}.std_level", self.std_level, levels)
-        if self.uses_group_statistics and not (is_integer(self.group_size) and self.group_size >= 1):
-            p.append(f"{key}.group_size: got {self.group_size!r}; group normalisation needs a positive "
-                     f"integer (usually ${{gconfig.n_samples}}).")
-        if not is_number(self.eps) or self.eps < 0 or not math.isfinite(self.eps):
-            p.append(f"{key}.eps: got {self.eps!r}; must be a finite number >= 0.")
-        return p
+        if self.uses_group_statistics:
+            p += at_least_one(f"{key}.group_size", self.group_size, note="usually ${gconfig.n_samples}")
+        return p + number_in(f"{key}.eps", self.eps, 0, finite=True)
 
 
 @dataclass
@@ -109,8 +105,7 @@ class OptimizerConfig(Checked):
     def check(self, key: str) -> list[str]:
         p = one_of(f"{key}.type", self.type, OPTIMIZERS)
         p += one_of(f"{key}.lr_scheduler_type", self.lr_scheduler_type, LR_SCHEDULES)
-        if not self.lr > 0:
-            p.append(f"{key}.lr: got {self.lr}; must be > 0.")
+        p += number_in(f"{key}.lr", self.lr, 0, open_low=True)
         return p + fraction(f"{key}.warmup_steps_proportion", self.warmup_steps_proportion) + fraction(
             f"{key}.min_lr_ratio", self.min_lr_ratio)
 
@@ -260,19 +255,16 @@ class TrainEngineConfig(Checked):
         p = one_of(f"{key}.dtype", self.dtype, DTYPES)
         if not isinstance(self.path, str) or not self.path:
             p.append(f"{key}.path: got {self.path!r}; give a HF model id, a local directory or builtin:tiny.")
-        if not is_number(self.temperature) or self.temperature <= 0:
-            p.append(f"{key}.temperature: got {self.temperature!r}; must be > 0 "
-                     "(use gconfig.greedy for greedy decoding).")
+        p += number_in(f"{key}.temperature", self.temperature, 0, open_low=True,
+                       note="use gconfig.greedy for greedy decoding")
         return p + self._lora_problems(key)
 
     def _lora_problems(self, key: str) -> list[str]:
         p = one_of(f"{key}.peft_type", self.peft_type, PEFT_TYPES,
                    "Only LoRA is implemented (peft's other methods are not).")
         p += at_least_one(f"{key}.lora_rank", self.lora_rank)
-        if not is_number(self.lora_alpha) or self.lora_alpha <= 0:
-            p.append(f"{key}.lora_alpha: got {self.lora_alpha!r}; must be > 0.")
-        if not is_number(self.lora_dropout) or not 0 <= self.lora_dropout < 1:
-            p.append(f"{key}.lora_dropout: got {self.lora_dropout!r}; must be in [0, 1).")
+        p += number_in(f"{key}.lora_alpha", self.lora_alpha, 0, open_low=True)
+        p += number_in(f"{key}.lora_dropout", self.lora_dropout, 0, 1, open_high=True)
         if self.use_lora and not self.target_modules:
             p.append(f"{key}.target_modules: empty; name the Linear modules that get adapters, e.g. "
                      "[q_proj,v_proj], or [all-linear].")

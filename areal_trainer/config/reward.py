@@ -6,10 +6,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..dtypes import DTYPE_NAMES
-from .base import Checked, at_least_one, fraction, integer_at_least, is_number, one_of
+from .base import Checked, at_least_one, fraction, integer_at_least, is_number, number_in, one_of, suggest
 
 STYLES = ("auto", "sample", "batched")
 """``reward.style``: by the function's parameters, one call per sample, or TRL's batched form."""
+
+
+def function_name(path: str) -> str:
+    """A reward function's name in ``reward.kwargs`` (with a list of functions): the last part of its import path."""
+    return path.rsplit(".", 1)[-1].split(":")[-1]
 
 
 @dataclass
@@ -84,6 +89,30 @@ class RewardConfig(Checked):
         """The import paths of ``fn`` (none for null)."""
         return [] if self.fn is None else [self.fn] if isinstance(self.fn, str) else list(self.fn)
 
+    def kwargs_of(self, path: str) -> dict[str, Any]:
+        """The keyword arguments of the function at ``path``: ``kwargs`` itself with one function; with a list,
+        the entry under the function's path or name (none when there is no entry)."""
+        if len(self.paths()) <= 1:
+            return dict(self.kwargs)
+        own = self.kwargs.get(path, self.kwargs.get(function_name(path), {}))
+        return dict(own) if isinstance(own, dict) else {}
+
+    def _kwargs_problems(self, key: str) -> list[str]:
+        """With a list of functions, ``kwargs`` maps each function (by path or name) to a map of its kwargs."""
+        paths = self.paths()
+        if len(paths) <= 1 or not isinstance(self.kwargs, dict):
+            return []
+        names = [*paths, *(function_name(p) for p in paths)]
+        p = []
+        for k, v in self.kwargs.items():
+            if k not in names:
+                p.append(f"{key}.kwargs.{k}: with a list of functions, the keys of {key}.kwargs name the functions "
+                         f"(by name or path); {k!r} names none of them.{suggest(k, names)}")
+            elif not isinstance(v, dict):
+                p.append(f"{key}.kwargs.{k}: got {v!r}; give the function's keyword arguments as a map, "
+                         f"e.g. {key}.kwargs.{k}={{tolerance: 0.1}}.")
+        return p
+
     def check(self, key: str) -> list[str]:
         """Every rule of the section's values; the functions, the reward model's files and the service's URL
         are checked where they are bound (``components/reward.py``)."""
@@ -107,9 +136,7 @@ class RewardConfig(Checked):
         p += integer_at_least(f"{key}.workers", self.workers, 0,
                               note="0 runs the functions in the trainer's process, for debugging")
         for name in ("timeout", "url_timeout"):
-            value = getattr(self, name)
-            if not is_number(value) or not value > 0:
-                p.append(f"{key}.{name}: got {value!r}; must be > 0 seconds.")
+            p += number_in(f"{key}.{name}", getattr(self, name), 0, open_low=True, unit="seconds")
         for name in ("timeout_value", "error_value"):
             if not is_number(getattr(self, name)):
                 p.append(f"{key}.{name}: got {getattr(self, name)!r}; must be a number.")
@@ -117,4 +144,4 @@ class RewardConfig(Checked):
         p += at_least_one(f"{key}.url_max_concurrent", self.url_max_concurrent)
         p += at_least_one(f"{key}.url_batch_size", self.url_batch_size)
         p += integer_at_least(f"{key}.url_retries", self.url_retries, 0)
-        return p
+        return p + (self._kwargs_problems(key) if fn_ok else [])

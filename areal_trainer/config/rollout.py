@@ -5,10 +5,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..dtypes import DTYPE_NAMES
-from ..errors import integer_at_least
-from .base import Checked, at_least_one, fraction, is_number, one_of
+from .base import Checked, at_least_one, fraction, integer_at_least, number_in, one_of
 
 DEFAULT_WORKFLOW = "areal_trainer.rollout.workflows.single_turn.RLVRWorkflow"
+AGENT_EXPORTS = ("individual", "concat")
+"""``rollout/agents/trajectory.py::EXPORTS`` (``rollout.agent_export``), spelled without importing the agents
+(``tests/config/test_light_checks.py`` fails when they differ)."""
+AGENT_BATCHING = ("episodes", "eager")
+"""``rollout/agents/workflow.py::BATCHING`` (``rollout.agent_batching``)."""
 
 
 @dataclass
@@ -109,30 +113,26 @@ class RolloutConfig(Checked):
         p = one_of(f"{key}.offpolicy_mode", self.offpolicy_mode, ("concurrent", "lagged"))
         p += one_of(f"{key}.dtype", self.dtype, (None, *DTYPE_NAMES))
         p += at_least_one(f"{key}.max_sampling_rounds", self.max_sampling_rounds)
-        if self.max_head_offpolicyness < 0:
-            p.append(f"{key}.max_head_offpolicyness: got {self.max_head_offpolicyness}; must be >= 0 "
-                     "(0 = synchronous; AReaL's GSM8K examples use 2).")
+        p += integer_at_least(f"{key}.max_head_offpolicyness", self.max_head_offpolicyness, 0,
+                              note="0 = synchronous; AReaL's GSM8K examples use 2")
         for name in ("consumer_batch_size", "max_concurrent_rollouts", "queue_size"):
             p += at_least_one(f"{key}.{name}", getattr(self, name), nullable=True)
         p += fraction(f"{key}.lagged_switch_prob", self.lagged_switch_prob)
-        for name in ("request_timeout", "setup_timeout"):
-            if not (is_number(getattr(self, name)) and getattr(self, name) > 0):
-                p.append(f"{key}.{name}: got {getattr(self, name)!r}; must be > 0 seconds.")
+        p += number_in(f"{key}.request_timeout", self.request_timeout, 0, open_low=True, unit="seconds")
+        p += number_in(f"{key}.setup_timeout", self.setup_timeout, 0, open_low=True, unit="seconds")
         p += integer_at_least(f"{key}.request_retries", self.request_retries, 0)
         return p + self._check_agent(key)
 
     def _check_agent(self, key: str) -> list[str]:
-        p = one_of(f"{key}.agent_export", self.agent_export, ("individual", "concat"))
-        p += one_of(f"{key}.agent_batching", self.agent_batching, ("episodes", "eager"))
-        if self.agent_batch_wait is not None and not (is_number(self.agent_batch_wait) and self.agent_batch_wait > 0):
-            p.append(f"{key}.agent_batch_wait: got {self.agent_batch_wait!r}; must be > 0 seconds, "
-                     "or null for no limit.")
+        p = one_of(f"{key}.agent_export", self.agent_export, AGENT_EXPORTS)
+        p += one_of(f"{key}.agent_batching", self.agent_batching, AGENT_BATCHING)
+        p += number_in(f"{key}.agent_batch_wait", self.agent_batch_wait, 0, open_low=True, unit="seconds",
+                       nullable=True, note="null: no limit")
         p += integer_at_least(f"{key}.agent_max_calls", self.agent_max_calls, 1)
         p += integer_at_least(f"{key}.agent_max_choices", self.agent_max_choices, 1)
-        if self.agent_timeout is not None and not (is_number(self.agent_timeout) and self.agent_timeout > 0):
-            p.append(f"{key}.agent_timeout: got {self.agent_timeout!r}; must be > 0 seconds, or null for no limit.")
-        if not (is_number(self.turn_discount) and 0 < self.turn_discount <= 1):
-            p.append(f"{key}.turn_discount: got {self.turn_discount!r}; must be in (0, 1] (1: no discount).")
+        p += number_in(f"{key}.agent_timeout", self.agent_timeout, 0, open_low=True, unit="seconds", nullable=True,
+                       note="null: no limit")
+        p += number_in(f"{key}.turn_discount", self.turn_discount, 0, 1, open_low=True, note="1: no discount")
         if self.agent is not None and self.workflow != DEFAULT_WORKFLOW:
             p.append(f"{key}.agent={self.agent!r} and {key}.workflow={self.workflow!r} both say how episodes run; "
                      f"set only one (drop {key}.workflow to run the agent, or {key}.agent=null to run the workflow).")

@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass, field
 
-from .base import Checked, at_least_one, is_number
+from .base import Checked, at_least_one, integer_at_least, number_in
 
 
 @dataclass
@@ -38,15 +38,12 @@ class GenerationHyperparameters(Checked):
     def check(self, key: str) -> list[str]:
         p = [x for name in ("n_samples", "max_new_tokens", "max_tokens")
              for x in at_least_one(f"{key}.{name}", getattr(self, name))]
-        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
-            p.append(f"{key}.min_new_tokens: got {self.min_new_tokens}; must be in "
-                     f"[0, max_new_tokens={self.max_new_tokens}].")
-        if not 0 < self.top_p <= 1:
-            p.append(f"{key}.top_p: got {self.top_p}; must be in (0, 1].")
-        if self.top_k < 0:
-            p.append(f"{key}.top_k: got {self.top_k}; must be >= 0.")
-        if not self.greedy and (not is_number(self.temperature) or not self.temperature > 0):
-            p.append(f"{key}.temperature: got {self.temperature!r}; must be > 0 (or set {key}.greedy=true).")
+        p += number_in(f"{key}.min_new_tokens", self.min_new_tokens, 0, self.max_new_tokens,
+                       high_label=f"max_new_tokens={self.max_new_tokens}")
+        p += number_in(f"{key}.top_p", self.top_p, 0, 1, open_low=True)
+        p += integer_at_least(f"{key}.top_k", self.top_k, 0, note="0: off")
+        if not self.greedy:
+            p += number_in(f"{key}.temperature", self.temperature, 0, open_low=True, note=f"or set {key}.greedy=true")
         if isinstance(self.stop, str):
             p.append(f"{key}.stop: got {self.stop!r}; must be a list of strings (write {key}.stop=[{self.stop!r}]).")
         elif bad := [s for s in (self.stop or []) if not isinstance(s, str) or not s]:

@@ -7,11 +7,10 @@ One teacher is ``teacher.path``; several are ``teacher.teachers.<name>.{path,dty
 is checked here at start-up, before any model loads (``docs/distillation.md`` explains the losses).
 """
 
-import math
 from dataclasses import dataclass, field
 from typing import Dict, Optional
 
-from .base import Checked, is_number, one_of
+from .base import Checked, is_number, number_in, one_of, suggest
 from .parts import DTYPES, MicroBatchSpec
 
 LOSS_FORMS = ("auto", "joint", "advantage", "mopd")
@@ -121,8 +120,7 @@ class TeacherConfig(Checked):
         if self.path is None and not self.teachers:
             p.append(f"{key}: no teacher: set {key}.path=<model> (one teacher) or {key}.teachers.<name>.path=<model> "
                      f"(several, MOPD), or remove the section ({key}=null).")
-        if not is_number(self.temperature) or not self.temperature > 0:
-            p.append(f"{key}.temperature: got {self.temperature!r}; must be > 0.")
+        p += number_in(f"{key}.temperature", self.temperature, 0, open_low=True)
         if self.device is not None and not (self.device in ("cpu", "cuda") or str(self.device).startswith("cuda:")):
             p.append(f"{key}.device: got {self.device!r}; use null (the trainer's device), cpu, cuda or cuda:<index>.")
         if self.form in ("joint", "advantage") and self.teachers:
@@ -140,8 +138,7 @@ class TeacherConfig(Checked):
             other = ()
         p = []
         for name, value in zip(names, self.weights):
-            if not is_number(value) or not math.isfinite(value) or value < 0:
-                p.append(f"{name}: got {value!r}; must be a finite number >= 0.")
+            p += number_in(name, value, 0, finite=True)
         if all(is_number(v) for v in self.weights) and self.weights == (0, 0):
             p.append(f"{names[0]} and {names[1]} are both 0: nothing would be trained. Set {names[1]} > 0 "
                      f"(distillation) or {names[0]} > 0 (RL).")
@@ -150,9 +147,8 @@ class TeacherConfig(Checked):
                 p.append(f"{name}={value!r} weighs the single-teacher forms; with MOPD the weights are "
                          f"{names[0]} and {names[1]}: set those instead.")
         if self.form == "mopd":
-            cap = self.mopd.importance_ratio_cap
-            if not is_number(cap) or not math.isfinite(cap) or not cap > 0:
-                p.append(f"{key}.mopd.importance_ratio_cap: got {cap!r}; must be a finite number > 0 (AReaL: 5.0).")
+            p += number_in(f"{key}.mopd.importance_ratio_cap", self.mopd.importance_ratio_cap, 0, open_low=True,
+                           finite=True, note="AReaL: 5.0")
         return p
 
     def _teachers_problems(self, key: str) -> list[str]:
@@ -162,9 +158,8 @@ class TeacherConfig(Checked):
             if not isinstance(t.path, str) or not t.path:
                 p.append(f"{k}.path: got {t.path!r}; give the teacher's model directory, checkpoint or hub id.")
             p += one_of(f"{k}.dtype", t.dtype, DTYPES)
-            if not is_number(t.weight) or not math.isfinite(t.weight) or not t.weight > 0:
-                p.append(f"{k}.weight: got {t.weight!r}; must be a finite number > 0 (remove a teacher you do not "
-                         "want to use).")
+            p += number_in(f"{k}.weight", t.weight, 0, open_low=True, finite=True,
+                           note="remove a teacher you do not want to use")
         m = self.mopd
         if self.form == "mopd" and self.teachers:
             if not isinstance(m.task_type_identifier, str) or not m.task_type_identifier:
@@ -177,9 +172,9 @@ class TeacherConfig(Checked):
                 for name, w in mix.items():
                     if name not in self.teachers:
                         p.append(f"{key}.mopd.routes.{route}.{name}: no teacher is named {name!r}; the teachers are "
-                                 f"{', '.join(sorted(self.teachers))} ({key}.teachers.<name>).")
-                    if not is_number(w) or not math.isfinite(w) or not w > 0:
-                        p.append(f"{key}.mopd.routes.{route}.{name}: got weight {w!r}; must be a finite number > 0.")
+                                 f"{', '.join(sorted(self.teachers))} ({key}.teachers.<name>)."
+                                 f"{suggest(name, self.teachers)}")
+                    p += number_in(f"{key}.mopd.routes.{route}.{name}", w, 0, open_low=True, finite=True)
         return p
 
     def warnings(self, key: str) -> list[str]:

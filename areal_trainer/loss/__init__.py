@@ -17,17 +17,20 @@ Usage::
 
 Tensors are ``[B, S]`` right-padded rows, next-token aligned (see :mod:`.types`).
 
-Stats convention. Every stats dict holds detached 0-dim tensors (no ``.item()``: nothing in the
-loss path synchronises with the device) under slash namespaces (``actor/...``, ``critic/...``).
-Keys reduce across micro-batches by their name (:func:`reduce_stats` implements it; the trainer
-carries the same reduction across processes):
+Stats convention. Every stats dict maps slash-namespaced names (``actor/...``, ``critic/...``) to
+:class:`Stat` values: a detached 0-dim tensor (no ``.item()``: nothing in the loss path synchronises
+with the device) made with how it combines over the micro-batches of a step, where it is computed
+(:func:`reduce_stats` combines them; the trainer carries the same reduction across processes):
 
-* ending in ``/min`` or ``/max``: minimum or maximum (an empty micro-batch reports +inf / -inf);
-* ending in ``n_valid_tokens`` (``actor/n_valid_tokens``: loss tokens before any filter) or in
-  ``loss/normalizer`` (the local aggregation count of :func:`loss_normalizer`): sum;
-* every other key: a mean over the micro-batch's valid tokens (its ``n_valid_tokens``), so the step
-  value is the mean weighted by ``<namespace>/n_valid_tokens``. Fractions (``clip_frac``,
-  ``rejection/masked_frac``, ...) are counts divided by that same pre-filter token count.
+* ``Stat.min`` / ``Stat.max``: the ``.../min`` and ``.../max`` extremes (an empty micro-batch reports
+  +inf / -inf, the identities);
+* ``Stat.sum``: the counts ``n_valid_tokens`` (``actor/n_valid_tokens``: loss tokens before any
+  filter) and ``loss/normalizer`` (the local aggregation count of :func:`loss_normalizer`);
+* ``Stat.mean(x, weight=n_valid_tokens)`` (:func:`token_mean`): every other key, a mean over the
+  micro-batch's valid tokens, so the step value is the mean weighted by its tokens. Fractions
+  (``clip_frac``, ``rejection/masked_frac``, ...) are counts divided by that same pre-filter token count.
+
+A user's surrogate or whole loss may return plain 0-dim tensors; they get a default (:func:`declared`).
 
 Actor keys: ``n_valid_tokens``, ``loss/normalizer``, ``loss/normalizer_used/max`` (the divisor
 actually applied; the global one when the trainer passes it), ``token_loss``,
@@ -50,7 +53,7 @@ from .policy import BoundSurrogate, PolicyLoss, RejectionSettings, resolve_prox_
 from .prox import approximate_prox_logp, version_alpha
 from .ratio import RATIOS, importance_ratio, sequence_mean_advantage, sequence_ratio, token_ratio
 from .rejection import RejectionResult, apply_rejection_sampling, binary_kl
-from .stats import reduce_stats, reduction_of
+from .stats import declared, reduce_stats, token_mean
 from .surrogate import (
     SURROGATES,
     Surrogate,
@@ -62,7 +65,16 @@ from .surrogate import (
     sapo_gate,
     sapo_surrogate,
 )
-from .types import PolicyLogprobs, PolicyLossInputs, PolicyLossResult, PolicyPlan, Stats, TeacherLogprobs
+from .types import (
+    PolicyLogprobs,
+    PolicyLossInputs,
+    PolicyLossResult,
+    PolicyPlan,
+    Reduction,
+    Stat,
+    Stats,
+    TeacherLogprobs,
+)
 from .value import explained_variance, value_loss
 
 __all__ = [
@@ -77,8 +89,10 @@ __all__ = [
     "PolicyLossInputs",
     "PolicyLossResult",
     "PolicyPlan",
+    "Reduction",
     "RejectionResult",
     "RejectionSettings",
+    "Stat",
     "Stats",
     "Surrogate",
     "SurrogateInputs",
@@ -90,18 +104,19 @@ __all__ = [
     "binary_kl",
     "clip_ratio",
     "clipped_surrogate",
+    "declared",
     "dual_clip",
     "explained_variance",
     "importance_ratio",
     "loss_normalizer",
     "m2po_mask",
     "reduce_stats",
-    "reduction_of",
     "resolve_prox_logp",
     "sapo_gate",
     "sapo_surrogate",
     "sequence_mean_advantage",
     "sequence_ratio",
+    "token_mean",
     "token_ratio",
     "value_loss",
     "version_alpha",

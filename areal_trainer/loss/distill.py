@@ -27,9 +27,9 @@ from dataclasses import dataclass
 import torch
 
 from .aggregate import Normalizer, aggregate_loss, loss_normalizer
-from .masked import masked_mean
 from .policy import entropy_staleness_stats
-from .types import PolicyLossInputs, PolicyLossResult, Stats
+from .stats import declared, token_mean
+from .types import PolicyLossInputs, PolicyLossResult, Stat, Stats
 
 FORMS = ("joint", "advantage", "mopd")
 
@@ -90,9 +90,9 @@ def distill_stats(logp: torch.Tensor, teacher_sum: torch.Tensor, weight_sum: tor
     n = m.sum(dtype=torch.float32)
     with torch.no_grad():
         t = _clean(teacher_sum, m) / _clean(weight_sum, m).clamp_min(1e-30)
-        return {"distill/n_valid_tokens": n,
-                "distill/reverse_kl": masked_mean(_clean(logp, m) - t, m, n),
-                "distill/teacher_logp": masked_mean(t, m, n)}
+        return {"distill/n_valid_tokens": Stat.sum(n),
+                "distill/reverse_kl": token_mean(_clean(logp, m) - t, m, n),
+                "distill/teacher_logp": token_mean(t, m, n)}
 
 
 @dataclass(frozen=True)
@@ -140,15 +140,15 @@ class DistillLoss:
                 raise ValueError("the MOPD loss needs policies.teacher.behavior (extras['mopd_behavior_logprobs']).")
             token, rho, clipped = mopd_token_loss(logp, t.behavior, t.logp, t.weight, mask0, ratio_cap=self.ratio_cap)
             n = mask0.sum(dtype=torch.float32)
-            stats["distill/is_weight"] = masked_mean(rho, mask0, n)
-            stats["distill/is_clip_frac"] = clipped.sum(dtype=torch.float32) / n.clamp_min(1)
+            stats["distill/is_weight"] = token_mean(rho, mask0, n)
+            stats["distill/is_clip_frac"] = Stat.mean(clipped.sum(dtype=torch.float32) / n.clamp_min(1), weight=n)
         if token is not None and self.distill_weight > 0:
             term, _ = aggregate_loss(token, mask0, mode=self.loss_agg_mode, normalizer=normalizer,
                                      max_new_tokens=self.max_new_tokens)
             loss = self.distill_weight * term if loss is None else loss + self.distill_weight * term
-            stats["distill/token_loss"] = masked_mean(token.detach(), mask0)
+            stats["distill/token_loss"] = token_mean(token.detach(), mask0)
         stats.update(distill_stats(logp.detach(), t.logp, t.weight, mask0))
-        return PolicyLossResult(loss, {k: v.detach() for k, v in stats.items()})
+        return PolicyLossResult(loss, declared(stats))  # a user's whole RL loss may give plain tensors
 
 
 def _actor_stats(inputs: PolicyLossInputs, mask0: torch.Tensor, mode: str) -> Stats:
@@ -157,6 +157,6 @@ def _actor_stats(inputs: PolicyLossInputs, mask0: torch.Tensor, mode: str) -> St
     n = mask0.sum(dtype=torch.float32)
     with torch.no_grad():
         ratio = torch.exp(_clean(inputs.logprobs, mask0) - _clean(inputs.policies.behavior, mask0))
-        stats = {"actor/n_valid_tokens": n, "actor/loss/normalizer": loss_normalizer(mask0, mode),
-                 "actor/importance_ratio/mean": masked_mean(ratio, mask0, n)}
+        stats = {"actor/n_valid_tokens": Stat.sum(n), "actor/loss/normalizer": Stat.sum(loss_normalizer(mask0, mode)),
+                 "actor/importance_ratio/mean": token_mean(ratio, mask0, n)}
     return {**stats, **entropy_staleness_stats(inputs, mask0, n)}  # as the RL loss reports them

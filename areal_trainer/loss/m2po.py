@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import number_in
+
 
 def second_moment(behav_logp: torch.Tensor, prox_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """``[B, S]`` float32 ``(behav - prox)^2``, detached; 0 outside ``mask``; NaN becomes +inf."""
@@ -24,9 +26,7 @@ def second_moment(behav_logp: torch.Tensor, prox_logp: torch.Tensor, mask: torch
 
 
 def m2po_problems(key: str, *, m2_threshold: float | None) -> list[str]:
-    if m2_threshold is not None and not m2_threshold > 0:
-        return [f"{key}.m2_threshold: got {m2_threshold}; must be > 0 (M2PO uses 0.04), or null."]
-    return []
+    return number_in(f"{key}.m2_threshold", m2_threshold, 0, open_low=True, nullable=True, note="M2PO uses 0.04")
 
 
 def m2po_mask(

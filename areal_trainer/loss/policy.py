@@ -33,12 +33,13 @@ import torch
 
 from .aggregate import Normalizer, aggregate_loss, loss_normalizer
 from .m2po import m2po_mask, second_moment
-from .masked import masked_max, masked_mean, masked_min
+from .masked import masked_max, masked_min
 from .prox import approximate_prox_logp, prox_approx_metrics, version_alpha
 from .ratio import importance_ratio
 from .rejection import apply_rejection_sampling, safe_log_ratio
+from .stats import declared, token_mean
 from .surrogate import SURROGATES, Surrogate, SurrogateInputs
-from .types import PolicyLossInputs, PolicyLossResult, Stats
+from .types import PolicyLossInputs, PolicyLossResult, Stat, Stats
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,7 @@ def resolve_prox_logp(
                              "and `current_version` to interpolate pi_prox.")
         alpha = version_alpha(pol.versions, pol.current_version)
         prox = approximate_prox_logp(behav_logp, theta_logp, alpha, method="loglinear")
-        stats["actor/prox_approx/alpha"] = masked_mean(alpha, mask, n_valid)
+        stats["actor/prox_approx/alpha"] = token_mean(alpha, mask, n_valid)
         return prox, stats
     prox = pol.proximal.detach().float()
     if method == "metrics" and decoupled:
@@ -149,8 +150,8 @@ class PolicyLoss:
         mask = mask0
         if self.m2_threshold is not None:
             mask, n_m2 = m2po_mask(behav, prox, mask, threshold=self.m2_threshold)
-            stats["actor/m2po/masked_frac"] = n_m2 / n_valid.clamp_min(1)
-            stats["actor/m2po/m2"] = masked_mean(second_moment(behav, prox, mask0), mask0, n_valid)
+            stats["actor/m2po/masked_frac"] = Stat.mean(n_m2 / n_valid.clamp_min(1), weight=n_valid)
+            stats["actor/m2po/m2"] = token_mean(second_moment(behav, prox, mask0), mask0, n_valid)
 
         weight = None
         rs = self.rejection
@@ -160,15 +161,15 @@ class PolicyLoss:
             mask, weight = out.mask, out.weight
             key = "masked_frac" if rs.action == "mask" else "clamped_frac"
             count = out.n_rejected if rs.action == "mask" else out.n_clamped
-            stats[f"actor/rejection/{key}"] = count / n_valid.clamp_min(1)
-            stats["actor/behave_weight"] = masked_mean(weight, mask0, n_valid)
-            stats["actor/behave_weight/min"] = masked_min(weight, mask)
-            stats["actor/behave_weight/max"] = masked_max(weight, mask)
+            stats[f"actor/rejection/{key}"] = Stat.mean(count / n_valid.clamp_min(1), weight=n_valid)
+            stats["actor/behave_weight"] = token_mean(weight, mask0, n_valid)
+            stats["actor/behave_weight/min"] = Stat.min(masked_min(weight, mask))
+            stats["actor/behave_weight/max"] = Stat.max(masked_max(weight, mask))
 
         base = prox if spec.base == "proximal" else behav
         ratio, adv_used = importance_ratio(logp, base, adv, mask, level=self.importance_sampling_level)
         token_loss, surrogate_stats = self.surrogate(SurrogateInputs(ratio, adv_used, logp, mask, n_valid))
-        stats.update(surrogate_stats)
+        stats.update(surrogate_stats)  # a user's plain tensors get their default in declared() below
         if weight is not None:
             token_loss = token_loss * weight
         token_loss = torch.where(mask, token_loss, 0.0)
@@ -177,9 +178,9 @@ class PolicyLoss:
 
         stats.update(_common_stats(inputs, logp, base, prox, behav, adv, token_loss, mask0, n_valid,
                                    level=self.importance_sampling_level, decoupled=self.use_decoupled_loss))
-        stats["actor/loss/normalizer"] = loss_normalizer(mask0, self.loss_agg_mode)
-        stats["actor/loss/normalizer_used/max"] = norm_used
-        return PolicyLossResult(loss, {k: v.detach() for k, v in stats.items()})
+        stats["actor/loss/normalizer"] = Stat.sum(loss_normalizer(mask0, self.loss_agg_mode))
+        stats["actor/loss/normalizer_used/max"] = Stat.max(norm_used)
+        return PolicyLossResult(loss, declared(stats))
 
 
 def _common_stats(
@@ -201,19 +202,19 @@ def _common_stats(
         theta = logp.detach()
         ratio, _ = importance_ratio(theta, base, adv, mask0, level=level)
         stats = {
-            "actor/n_valid_tokens": n_valid,
-            "actor/token_loss": masked_mean(token_loss, mask0, n_valid),
-            "actor/importance_ratio/mean": masked_mean(ratio, mask0, n_valid),
-            "actor/importance_ratio/min": masked_min(ratio, mask0),
-            "actor/importance_ratio/max": masked_max(ratio, mask0),
-            "actor/approx_kl": masked_mean(theta - prox, mask0, n_valid),
-            "actor/prox_nonfinite_frac": masked_mean((~torch.isfinite(prox)).float(), mask0, n_valid),
+            "actor/n_valid_tokens": Stat.sum(n_valid),
+            "actor/token_loss": token_mean(token_loss, mask0, n_valid),
+            "actor/importance_ratio/mean": token_mean(ratio, mask0, n_valid),
+            "actor/importance_ratio/min": Stat.min(masked_min(ratio, mask0)),
+            "actor/importance_ratio/max": Stat.max(masked_max(ratio, mask0)),
+            "actor/approx_kl": token_mean(theta - prox, mask0, n_valid),
+            "actor/prox_nonfinite_frac": token_mean((~torch.isfinite(prox)).float(), mask0, n_valid),
         }
         if decoupled:
             log_w = safe_log_ratio(prox, behav)
-            stats["actor/behave_approx_kl"] = masked_mean(log_w, mask0, n_valid)
-            stats["actor/behave_ratio/min"] = masked_min(torch.exp(log_w), mask0)
-            stats["actor/behave_ratio/max"] = masked_max(torch.exp(log_w), mask0)
+            stats["actor/behave_approx_kl"] = token_mean(log_w, mask0, n_valid)
+            stats["actor/behave_ratio/min"] = Stat.min(masked_min(torch.exp(log_w), mask0))
+            stats["actor/behave_ratio/max"] = Stat.max(masked_max(torch.exp(log_w), mask0))
         stats.update(entropy_staleness_stats(inputs, mask0, n_valid))
     return stats
 
@@ -224,11 +225,11 @@ def entropy_staleness_stats(inputs: PolicyLossInputs, mask0: torch.Tensor, n_val
     stats: Stats = {}
     with torch.no_grad():
         if inputs.entropy is not None:
-            stats["actor/entropy"] = masked_mean(inputs.entropy.detach().float(), mask0, n_valid)
+            stats["actor/entropy"] = token_mean(inputs.entropy.detach().float(), mask0, n_valid)
         if inputs.policies.has_versions:
             v_b = inputs.policies.versions.float()
             generated = mask0 & (v_b >= 0)
             staleness = inputs.policies.current_version - v_b
-            stats["actor/staleness"] = masked_mean(staleness, generated, n_valid)
-            stats["actor/staleness/max"] = masked_max(staleness, generated)
+            stats["actor/staleness"] = token_mean(staleness, generated, n_valid)
+            stats["actor/staleness/max"] = Stat.max(masked_max(staleness, generated))
     return stats

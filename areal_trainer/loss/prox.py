@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from .masked import masked_mean
+from .stats import token_mean
 from .types import Stats
 
 PROX_LOGP_METHODS = ("recompute", "loglinear", "metrics")
@@ -82,13 +82,13 @@ def prox_approx_metrics(
     gt = prox_logp.detach().float()
     behav = behav_logp.detach().float()
     gt_weight = torch.exp(gt - behav)
-    stats = {f"{prefix}/alpha": masked_mean(alpha, mask, count)}
+    stats = {f"{prefix}/alpha": token_mean(alpha, mask, count)}
     for method in PROX_APPROX_METHODS:
         approx = approximate_prox_logp(behav, theta_logp, alpha, method=method)
         err = approx - gt
-        stats[f"{prefix}/{method}/abs_err"] = masked_mean(err.abs(), mask, count)
-        stats[f"{prefix}/{method}/rel_err"] = masked_mean(err.abs() / (gt.abs() + REL_ERR_EPS), mask, count)
-        stats[f"{prefix}/{method}/sq_err"] = masked_mean(err.square(), mask, count)
-        stats[f"{prefix}/{method}/weight_abs_err"] = masked_mean((torch.exp(approx - behav) - gt_weight).abs(), mask,
-                                                                 count)
+        stats[f"{prefix}/{method}/abs_err"] = token_mean(err.abs(), mask, count)
+        stats[f"{prefix}/{method}/rel_err"] = token_mean(err.abs() / (gt.abs() + REL_ERR_EPS), mask, count)
+        stats[f"{prefix}/{method}/sq_err"] = token_mean(err.square(), mask, count)
+        stats[f"{prefix}/{method}/weight_abs_err"] = token_mean((torch.exp(approx - behav) - gt_weight).abs(), mask,
+                                                                count)
     return {k: v.detach() for k, v in stats.items()}

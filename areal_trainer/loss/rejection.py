@@ -25,6 +25,7 @@ from typing import NamedTuple
 
 import torch
 
+from ..errors import number_in, one_of
 from .kl import kl_estimate
 from .masked import row_count
 
@@ -104,24 +105,20 @@ def _sequence_aggregate(value: torch.Tensor, mask: torch.Tensor, agg: str) -> to
 def rejection_problems(key: str, *, level: str, action: str, metric: str, agg: str, upper: float,
                        lower: float | None) -> list[str]:
     """The rules of ``{key}`` (the ``rejection_sampling`` section); the enumerations are checked first."""
-    p = []
-    for name, value, choices in (("level", level, RS_LEVELS), ("action", action, RS_ACTIONS),
-                                 ("metric", metric, RS_METRICS), ("agg", agg, RS_AGGS)):
-        if value not in choices:
-            shown = ", ".join(repr(c) for c in choices)
-            p.append(f"{key}.{name}: got {value!r}; must be one of {shown}.")
+    p = [x for name, value, choices in (("level", level, RS_LEVELS), ("action", action, RS_ACTIONS),
+                                        ("metric", metric, RS_METRICS), ("agg", agg, RS_AGGS))
+         for x in one_of(f"{key}.{name}", value, choices)]
     if p:
         return p
     if lower is not None and lower > upper:
         p.append(f"{key}.lower: got {lower} > upper={upper}; lower must not exceed upper.")
     if metric == "ratio":
-        if upper <= 1.0:
-            p.append(f"{key}.upper: got {upper}; upper must be > 1.0 for metric 'ratio' "
-                     "(a ratio of 1 means on-policy; IcePop uses 5.0).")
-        if lower is not None and lower <= 0:
-            p.append(f"{key}.lower: got {lower}; lower must be positive for metric 'ratio' (IcePop uses 0.5).")
-    if metric in ("kl_k2", "kl_k3", "binary_kl") and upper <= 0:
-        p.append(f"{key}.upper: got {upper}; upper must be > 0 for metric '{metric}'.")
+        p += number_in(f"{key}.upper", upper, 1.0, open_low=True, unit="for metric 'ratio'",
+                       note="a ratio of 1 means on-policy; IcePop uses 5.0")
+        p += number_in(f"{key}.lower", lower, 0, open_low=True, nullable=True, unit="for metric 'ratio'",
+                       note="IcePop uses 0.5")
+    if metric in ("kl_k2", "kl_k3", "binary_kl"):
+        p += number_in(f"{key}.upper", upper, 0, open_low=True, unit=f"for metric '{metric}'")
     if action == "clamp" and metric != "ratio":
         p.append(f"{key}.action: action='clamp' only supports metric='ratio' (got metric={metric!r}); "
                  "use action=mask.")

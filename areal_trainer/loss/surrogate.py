@@ -25,7 +25,8 @@ from typing import NamedTuple
 
 import torch
 
-from .masked import masked_mean
+from ..errors import number_in
+from .stats import token_mean
 from .types import Stats
 
 
@@ -50,7 +51,8 @@ class SurrogateInputs:
 
 
 class SurrogateResult(NamedTuple):
-    """``token_loss``: ``[B, S]`` per-token loss; ``stats``: detached 0-dim means over the mask."""
+    """``token_loss``: ``[B, S]`` per-token loss; ``stats``: 0-dim statistics, each a :class:`~.types.Stat` made
+    with its reduction (e.g. ``token_mean(x, mask, n_valid)``) or a plain tensor (``stats.py::declared``)."""
 
     token_loss: torch.Tensor
     stats: Stats
@@ -115,25 +117,21 @@ def clip(x: SurrogateInputs, *, eps_clip: float, eps_clip_higher: float | None =
     """The PPO clipped surrogate (asymmetric with ``eps_clip_higher``, dual-clipped with ``c_clip``)."""
     eps_high = eps_clip if eps_clip_higher is None else eps_clip_higher
     loss, low, high = clipped_surrogate(x.ratio, x.advantages, eps_low=eps_clip, eps_high=eps_high)
-    stats = {"actor/clip_frac_low": masked_mean(low.float(), x.mask, x.n_valid),
-             "actor/clip_frac_high": masked_mean(high.float(), x.mask, x.n_valid),
-             "actor/clip_frac": masked_mean((low | high).float(), x.mask, x.n_valid)}
+    stats = {"actor/clip_frac_low": token_mean(low.float(), x.mask, x.n_valid),
+             "actor/clip_frac_high": token_mean(high.float(), x.mask, x.n_valid),
+             "actor/clip_frac": token_mean((low | high).float(), x.mask, x.n_valid)}
     if c_clip is not None:
         loss, dual = dual_clip(loss, x.advantages, c_clip=c_clip)
-        stats["actor/dual_clip_frac"] = masked_mean(dual.float(), x.mask, x.n_valid)
+        stats["actor/dual_clip_frac"] = token_mean(dual.float(), x.mask, x.n_valid)
     return SurrogateResult(loss, stats)
 
 
 def clip_problems(key: str, *, eps_clip: float, eps_clip_higher: float | None = None,
                   c_clip: float | None = None) -> list[str]:
-    p = []
-    if eps_clip < 0:
-        p.append(f"{key}.eps_clip: got {eps_clip}; must be >= 0.")
-    if eps_clip_higher is not None and eps_clip_higher < 0:
-        p.append(f"{key}.eps_clip_higher: got {eps_clip_higher}; must be >= 0 or null.")
-    if c_clip is not None and not c_clip > 1:
-        p.append(f"{key}.c_clip: got {c_clip}; the dual-clip constant must be > 1 (3.0 is usual), or null to disable.")
-    return p
+    return (number_in(f"{key}.eps_clip", eps_clip, 0) + number_in(f"{key}.eps_clip_higher", eps_clip_higher, 0,
+                                                                     nullable=True)
+            + number_in(f"{key}.c_clip", c_clip, 1, open_low=True, nullable=True,
+                        note="the dual-clip constant, 3.0 is usual; null disables it"))
 
 
 def sapo_gate(ratio: torch.Tensor, tau: float) -> torch.Tensor:
@@ -160,14 +158,14 @@ def sapo_surrogate(
 def sapo(x: SurrogateInputs, *, sapo_tau_pos: float, sapo_tau_neg: float) -> SurrogateResult:
     """SAPO's soft-gated surrogate."""
     loss, gate, gate_pos, gate_neg = sapo_surrogate(x.ratio, x.advantages, tau_pos=sapo_tau_pos, tau_neg=sapo_tau_neg)
-    return SurrogateResult(loss, {"actor/sapo/gate": masked_mean(gate, x.mask, x.n_valid),
-                                  "actor/sapo/gate_pos": masked_mean(gate_pos, x.mask, x.n_valid),
-                                  "actor/sapo/gate_neg": masked_mean(gate_neg, x.mask, x.n_valid)})
+    return SurrogateResult(loss, {"actor/sapo/gate": token_mean(gate, x.mask, x.n_valid),
+                                  "actor/sapo/gate_pos": token_mean(gate_pos, x.mask, x.n_valid),
+                                  "actor/sapo/gate_neg": token_mean(gate_neg, x.mask, x.n_valid)})
 
 
 def sapo_problems(key: str, *, sapo_tau_pos: float, sapo_tau_neg: float) -> list[str]:
-    return [f"{key}.{name}: got {v}; SAPO temperatures must be positive."
-            for name, v in (("sapo_tau_pos", sapo_tau_pos), ("sapo_tau_neg", sapo_tau_neg)) if not v > 0]
+    return [x for name, v in (("sapo_tau_pos", sapo_tau_pos), ("sapo_tau_neg", sapo_tau_neg))
+            for x in number_in(f"{key}.{name}", v, 0, open_low=True, note="a SAPO gate temperature")]
 
 
 def cispo(x: SurrogateInputs, *, eps_clip: float, eps_clip_higher: float | None = None) -> SurrogateResult:
@@ -178,8 +176,8 @@ def cispo(x: SurrogateInputs, *, eps_clip: float, eps_clip_higher: float | None 
     weight = clip_ratio(x.ratio.detach(), eps_low=eps_clip, eps_high=eps_high)
     clipped = (weight != x.ratio.detach()).float()
     return SurrogateResult(-weight * x.advantages * x.logprobs,
-                           {"actor/cispo/weight": masked_mean(weight, x.mask, x.n_valid),
-                            "actor/cispo/clip_frac": masked_mean(clipped, x.mask, x.n_valid)})
+                           {"actor/cispo/weight": token_mean(weight, x.mask, x.n_valid),
+                            "actor/cispo/clip_frac": token_mean(clipped, x.mask, x.n_valid)})
 
 
 SURROGATES = {

@@ -8,12 +8,74 @@ log-probability of token ``t + 1``. ``loss_mask[b, t]`` is true where that token
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import NamedTuple
 
 import torch
 
-Stats = dict[str, torch.Tensor]
-"""Detached 0-dim tensors keyed by slash-namespaced names (see the package docstring)."""
+
+class Reduction(StrEnum):
+    """How a statistic of the loss combines over the micro-batches of a step (and, as a metric, over processes)."""
+
+    MEAN = "mean"
+    SUM = "sum"
+    MAX = "max"
+    MIN = "min"
+
+
+@dataclass(frozen=True)
+class Stat:
+    """A statistic of one micro-batch, made with how it combines with the same key's values of the step's other
+    micro-batches (``stats.py::reduce_stats``); the trainer carries the same reduction across processes.
+
+    Attributes:
+        value: 0-dim tensor (on the device; nothing here synchronises).
+        reduction: a :class:`Reduction`.
+        weight: for a mean, its 0-dim weight (the tokens it averages over: a token-weighted mean), or None for
+            a plain mean (every micro-batch counts once).
+
+    Made with :meth:`mean`, :meth:`sum`, :meth:`max` or :meth:`min`, e.g. ``Stat.mean(frac, weight=n_tokens)``.
+    """
+
+    value: torch.Tensor
+    reduction: Reduction = Reduction.MEAN
+    weight: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.reduction, str) and self.reduction in {r.value for r in Reduction}:  # "max" -> MAX
+            object.__setattr__(self, "reduction", Reduction(self.reduction))
+
+    @classmethod
+    def mean(cls, value: torch.Tensor, weight: torch.Tensor | None = None) -> Stat:
+        """A mean: weighted by ``weight`` (e.g. its token count) over micro-batches, or plain without it."""
+        return cls(value, Reduction.MEAN, weight)
+
+    @classmethod
+    def sum(cls, value: torch.Tensor) -> Stat:
+        """A count or total: added up."""
+        return cls(value, Reduction.SUM)
+
+    @classmethod
+    def max(cls, value: torch.Tensor) -> Stat:
+        """An extreme: the largest (an empty micro-batch reports -inf, the identity)."""
+        return cls(value, Reduction.MAX)
+
+    @classmethod
+    def min(cls, value: torch.Tensor) -> Stat:
+        """An extreme: the smallest (an empty micro-batch reports +inf, the identity)."""
+        return cls(value, Reduction.MIN)
+
+    def detach(self) -> Stat:
+        return Stat(self.value.detach(), self.reduction, None if self.weight is None else self.weight.detach())
+
+    def item(self) -> float:
+        """The value as a Python number (synchronises with the device: for tests and reports, not the step)."""
+        return self.value.item()
+
+
+Stats = dict[str, Stat]
+"""A micro-batch's statistics keyed by slash-namespaced names, each with its reduction (see the package
+docstring). What a user function returns may hold plain 0-dim tensors too (``stats.py::declared``)."""
 
 
 def _cut(t: torch.Tensor | None, idx, width: int | None) -> torch.Tensor | None:

@@ -12,7 +12,8 @@ import torch
 
 from .aggregate import Normalizer, aggregate_loss, loss_normalizer
 from .masked import masked_mean
-from .types import Stats
+from .stats import declared, token_mean
+from .types import Stat, Stats
 
 EV_EPS = 1e-8
 """Return variance below which the explained variance is reported as 0 (it is undefined)."""
@@ -48,13 +49,14 @@ def value_loss(
         normalizer: global number of loss tokens of the optimizer step, or None for the local count.
 
     Returns:
-        ``(loss, stats)``: 0-dim loss and detached 0-dim stats under ``critic/`` (see the package
-        docstring for the reduction convention): ``value_loss`` (token mean of the clipped loss),
+        ``(loss, stats)``: 0-dim loss and detached statistics under ``critic/``, each made with its
+        reduction (``types.py::Stat``): the token means ``value_loss`` (of the clipped loss),
         ``clip_frac`` (tokens whose clipped branch is larger), ``explained_variance`` (of the returns by
-        the old values; per micro-batch), the token means ``value/mean``, ``old_value/mean``,
+        the old values; per micro-batch, weighted by its tokens), ``value/mean``, ``old_value/mean``,
         ``return/mean``, ``return/sq_mean``, ``residual/mean``, ``residual/sq_mean`` (residual =
         returns - old values; from these the step-level explained variance can be recomputed exactly),
-        ``n_valid_tokens``, ``loss/normalizer`` (local count) and ``loss/normalizer_used/max``.
+        the sums ``n_valid_tokens`` and ``loss/normalizer`` (local count), and the maximum
+        ``loss/normalizer_used/max``.
     """
     if not eps_clip > 0:
         raise ValueError(f"value eps_clip must be > 0; got {eps_clip}.")
@@ -76,17 +78,18 @@ def value_loss(
     resid = ret - v_old
     with torch.no_grad():
         stats = {
-            "critic/value_loss": masked_mean(token_loss, mask, n_valid),
-            "critic/clip_frac": masked_mean((clipped > plain).float(), mask, n_valid),
-            "critic/explained_variance": explained_variance(v_old, ret, mask),
-            "critic/value/mean": masked_mean(v, mask, n_valid),
-            "critic/old_value/mean": masked_mean(v_old, mask, n_valid),
-            "critic/return/mean": masked_mean(ret, mask, n_valid),
-            "critic/return/sq_mean": masked_mean(ret.square(), mask, n_valid),
-            "critic/residual/mean": masked_mean(resid, mask, n_valid),
-            "critic/residual/sq_mean": masked_mean(resid.square(), mask, n_valid),
-            "critic/n_valid_tokens": n_valid,
-            "critic/loss/normalizer": loss_normalizer(mask, "token-mean"),
-            "critic/loss/normalizer_used/max": norm_used,
+            "critic/value_loss": token_mean(token_loss, mask, n_valid),
+            "critic/clip_frac": token_mean((clipped > plain).float(), mask, n_valid),
+            # per micro-batch, weighted by its tokens like the means it could be recomputed from
+            "critic/explained_variance": Stat.mean(explained_variance(v_old, ret, mask), weight=n_valid),
+            "critic/value/mean": token_mean(v, mask, n_valid),
+            "critic/old_value/mean": token_mean(v_old, mask, n_valid),
+            "critic/return/mean": token_mean(ret, mask, n_valid),
+            "critic/return/sq_mean": token_mean(ret.square(), mask, n_valid),
+            "critic/residual/mean": token_mean(resid, mask, n_valid),
+            "critic/residual/sq_mean": token_mean(resid.square(), mask, n_valid),
+            "critic/n_valid_tokens": Stat.sum(n_valid),
+            "critic/loss/normalizer": Stat.sum(loss_normalizer(mask, "token-mean")),
+            "critic/loss/normalizer_used/max": Stat.max(norm_used),
         }
-    return loss, {k: t.detach() for k, t in stats.items()}
+    return loss, declared(stats)

@@ -132,9 +132,9 @@ def reverse_kl(policy, teachers, groups: list, *, samples: list[dict], step: int
     logp = policy.logprobs(batch.input_ids, batch.attention_mask, prefix)
     teacher, _ = teachers.score(batch, prefix, step=step, samples=samples)
     stats = distill_stats(logp, teacher.logp, teacher.weight, aligned_mask(batch.loss_mask).bool())
-    n = float(stats["distill/n_valid_tokens"])
-    return {"eval/distill/reverse_kl": Mean(float(stats["distill/reverse_kl"]), n),
-            "eval/distill/teacher_logp": Mean(float(stats["distill/teacher_logp"]), n),
+    n = float(stats["distill/n_valid_tokens"].value)
+    return {"eval/distill/reverse_kl": Mean(float(stats["distill/reverse_kl"].value), n),
+            "eval/distill/teacher_logp": Mean(float(stats["distill/teacher_logp"].value), n),
             "eval/distill/n_valid_tokens": Sum(n)}
 
 

@@ -14,8 +14,7 @@ inside beyond it. Use it with
 
 from __future__ import annotations
 
-from areal_trainer.loss import SurrogateInputs, SurrogateResult
-from areal_trainer.loss.masked import masked_mean
+from areal_trainer.loss import SurrogateInputs, SurrogateResult, token_mean
 
 
 def spo(x: SurrogateInputs, *, epsilon: float = 0.2) -> SurrogateResult:
@@ -25,4 +24,5 @@ def spo(x: SurrogateInputs, *, epsilon: float = 0.2) -> SurrogateResult:
     a, r = x.advantages, x.ratio
     loss = -(r * a - a.abs() / (2 * epsilon) * (r - 1).square())
     beyond = ((r - 1) * a.sign() > epsilon).float()  # past the point where the pull turns back
-    return SurrogateResult(loss, {"actor/spo/beyond_frac": masked_mean(beyond, x.mask, x.n_valid)})
+    # a share of the step's loss tokens: over micro-batches, the mean weighted by their tokens
+    return SurrogateResult(loss, {"actor/spo/beyond_frac": token_mean(beyond, x.mask, x.n_valid)})

@@ -119,9 +119,10 @@ def test_cross_field_rules():
 def test_clamp_needs_ratio_and_ratio_upper():
     text = "\n".join(_problems(["actor.rejection_sampling.action=clamp", "actor.rejection_sampling.metric=kl_k2",
                                 "actor.rejection_sampling.upper=0"]))
-    assert "action='clamp' only supports metric='ratio'" in text and "upper must be > 0" in text
+    assert "action='clamp' only supports metric='ratio'" in text
+    assert "actor.rejection_sampling.upper: got 0.0; must be > 0 for metric 'kl_k2'." in text
     (msg,) = _problems(["actor.rejection_sampling.upper=1.0"])
-    assert "upper must be > 1.0 for metric 'ratio'" in msg
+    assert "actor.rejection_sampling.upper: got 1.0; must be > 1.0 for metric 'ratio' (a ratio of 1 means " in msg
 
 
 def test_plugin_errors_name_the_key():
@@ -167,7 +168,7 @@ def test_bad_async_settings_are_reported_together_naming_each_key():
                              "rollout.queue_size=4", "rollout.consumer_batch_size=8", "rollout.offpolicy_mode=ahead",
                              "rollout.dtype=int8", "rollout.lagged_switch_prob=2", "rollout.request_timeout=0"])
     msg = str(info.value)
-    for needle in ("rollout.max_head_offpolicyness: got -1; must be >= 0",
+    for needle in ("rollout.max_head_offpolicyness: got -1; must be an integer >= 0 (0 = synchronous",
                    "rollout.max_concurrent_rollouts: got 0; must be >= 1",
                    "rollout.queue_size=4 is smaller than one batch (train_dataset.batch_size=16",
                    "rollout.consumer_batch_size=8 differs from train_dataset.batch_size=16",
@@ -234,3 +235,16 @@ def test_an_agent_binds_to_the_agent_workflow_with_its_settings():
     kw = parts.workflow_kwargs
     assert kw["agent"].kwargs == {"calls": 3} and kw["agent"].style == "client" and kw["agent"].is_class
     assert (kw["export"], kw["turn_discount"], kw["timeout"], kw["tool_call_parser"]) == ("concat", 0.9, 30.0, "hermes")
+
+
+def test_the_kwargs_of_a_list_of_reward_functions_name_the_functions():
+    fns = "reward.fn=[tests.plugins.tolerant,tests.plugins.exact]"
+    problems = _problems([fns, "reward.kwargs={tolerent: {tolerance: 0.5}, tests.plugins.exact: 3}"])
+    assert problems == [
+        "reward.kwargs.tolerent: with a list of functions, the keys of reward.kwargs name the functions (by name or "
+        "path); 'tolerent' names none of them. Did you mean 'tolerant'?",
+        "reward.kwargs.tests.plugins.exact: got 3; give the function's keyword arguments as a map, e.g. "
+        "reward.kwargs.tests.plugins.exact={tolerance: 0.1}."]
+    cfg = load_config("grpo", [fns, "reward.kwargs={tolerant: {tolerance: 0.5}}"])
+    assert cfg.reward.kwargs_of("tests.plugins.tolerant") == {"tolerance": 0.5}
+    assert cfg.reward.kwargs_of("tests.plugins.exact") == {}

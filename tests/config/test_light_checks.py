@@ -88,7 +88,7 @@ def test_the_checks_that_need_torch_run_once_the_light_ones_find_nothing(tmp_pat
                          "rollout.workflow=areal_trainer.rollout.workflows.single_turn.NoSuchWorkflow"], tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "Error: 3 configuration problems:" in proc.stderr
-    for needle in ("actor.rejection_sampling.upper: got 0.5; upper must be > 1.0 for metric 'ratio'",
+    for needle in ("actor.rejection_sampling.upper: got 0.5; must be > 1.0 for metric 'ratio'",
                    ("rollout.workflow: module 'areal_trainer.rollout.workflows.single_turn' has no attribute "
                     "'NoSuchWorkflow'"),
                    "actor.eps_clip: got -1.0; must be >= 0."):
@@ -133,6 +133,14 @@ def test_the_configs_names_are_the_maths_own():
     assert maths.KL_ESTIMATORS == kl.KL_ESTIMATORS
     assert maths.PROX_LOGP_METHODS == prox.PROX_LOGP_METHODS
     assert maths.IS_LEVELS == ratio.IS_LEVELS
+
+
+def test_the_configs_names_are_the_agents_own():
+    from areal_trainer.config import rollout
+    from areal_trainer.rollout.agents import trajectory, workflow
+
+    assert rollout.AGENT_EXPORTS == trajectory.EXPORTS
+    assert rollout.AGENT_BATCHING == workflow.BATCHING
 
 
 def test_the_light_modules_import_no_torch():

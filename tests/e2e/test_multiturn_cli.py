@@ -3,6 +3,8 @@
 import json
 import os
 
+import pytest
+
 from .helpers import ROOT, cli
 
 WORKFLOW = "rollout.workflow=areal_trainer.rollout.workflows.multi_turn.MultiTurnWorkflow"
@@ -47,6 +49,22 @@ def test_example_config_composes(tmp_path):
 
 def test_unknown_workflow_kwarg_fails_fast(tmp_path):
     proc = cli(["--config-name", "grpo", WORKFLOW, "+rollout.workflow_kwargs.max_turn=3"], cwd=tmp_path, check=False)
-    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "rollout.workflow_kwargs: the kwargs {'max_turn': 3} do not fit MultiTurnWorkflow" in proc.stderr
     assert "Did you mean 'max_turns'? Accepted keyword arguments: max_turns, turn_discount, feedback." in proc.stderr
+
+
+@pytest.mark.parametrize("workflow,accepted", [
+    ("areal_trainer.rollout.workflows.multi_turn.MultiTurnWorkflow", "max_turns, turn_discount, feedback"),
+    ("tests.plugins.TextWorkflow", "none"),
+], ids=["multi-turn", "user-class"])
+def test_a_workflow_kwarg_it_does_not_take_stops_the_run_before_any_model_loads(tmp_path, workflow, accepted):
+    proc = cli(["--config-name", "grpo", "+scale=tiny", f"rollout.workflow={workflow}",
+                "rollout.workflow_kwargs={bogus: 1}"], cwd=tmp_path, check=False)
+    assert proc.returncode == 2, proc.stderr[-3000:]  # a configuration error
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "Error: 1 configuration problem:\n  - rollout.workflow_kwargs: the kwargs {'bogus': 1} do not fit " \
+           f"{workflow.rsplit('.', 1)[-1]}(" in proc.stderr
+    assert f"got an unexpected keyword argument 'bogus'. Accepted keyword arguments: {accepted}." in proc.stderr
+    assert not (tmp_path / "outputs").exists()  # before any model loads: not even a run directory
+    assert proc.stdout == ""  # nothing ran: no warm start, no step

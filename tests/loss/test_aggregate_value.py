@@ -4,10 +4,14 @@ import pytest
 import torch
 
 from areal_trainer.loss import (
+    Reduction,
     RejectionSettings,
+    Stat,
     aggregate_loss,
+    declared,
     explained_variance,
     loss_normalizer,
+    reduce_stats,
     value_loss,
 )
 from areal_trainer.loss.aggregate import aggregation_problems
@@ -134,18 +138,39 @@ def test_value_rejects_bad_eps():
         value_loss(t([[0.0]]), t([[0.0]]), t([[0.0]]), mask_of([[1]]), eps_clip=0.0)
 
 
-def test_loss_stats_reduce_over_micro_batches_by_their_names():
-    from areal_trainer.loss.stats import Reduction, reduce_stats, reduction_of
+def _micro(n_tokens: float, clip: float, ratio_max: float, odd: float) -> dict:
+    return {"actor/n_valid_tokens": Stat.sum(torch.tensor(n_tokens)),
+            "actor/clip_frac": Stat.mean(torch.tensor(clip), weight=torch.tensor(n_tokens)),
+            "actor/importance_ratio/max": Stat.max(torch.tensor(ratio_max)),
+            "actor/odd/max": Stat.sum(torch.tensor(odd)),  # the name says max; it was made as a sum
+            "actor/lr": Stat.mean(torch.tensor(clip * 10))}
 
-    keys = {"actor/clip_frac", "actor/n_valid_tokens", "actor/importance_ratio/max", "actor/loss/normalizer",
-            "actor/token_loss_plain"}
-    assert {k: reduction_of(k, keys) for k in sorted(keys)} == {
-        "actor/clip_frac": Reduction.TOKEN_MEAN, "actor/importance_ratio/max": Reduction.MAX,
-        "actor/loss/normalizer": Reduction.SUM, "actor/n_valid_tokens": Reduction.SUM,
-        "actor/token_loss_plain": Reduction.TOKEN_MEAN}
+
+def test_loss_stats_reduce_over_micro_batches_by_how_they_were_made():
     # Micro-batch 0: 30 tokens, clip 0.1; micro-batch 1: 10 tokens, clip 0.5 -> token-weighted 0.2, not the plain 0.3.
-    micro = [{"actor/clip_frac": 0.1, "actor/n_valid_tokens": 30.0, "actor/importance_ratio/max": 1.5},
-             {"actor/clip_frac": 0.5, "actor/n_valid_tokens": 10.0, "actor/importance_ratio/max": 2.5}]
+    out = reduce_stats([_micro(30.0, 0.1, 1.5, 1.0), _micro(10.0, 0.5, 2.5, 2.0)])
+    assert {k: v.item() for k, v in out.items()} == pytest.approx(
+        {"actor/n_valid_tokens": 40.0, "actor/clip_frac": 0.2, "actor/importance_ratio/max": 2.5,
+         "actor/odd/max": 3.0, "actor/lr": 3.0})
+    assert out["actor/clip_frac"].weight.item() == 40.0 and out["actor/lr"].weight is None
+    assert [out[k].reduction for k in ("actor/n_valid_tokens", "actor/importance_ratio/max", "actor/odd/max")] == [
+        Reduction.SUM, Reduction.MAX, Reduction.SUM]
+
+
+def test_plain_tensors_get_the_documented_default():
+    """A user's plain tensor: the namespace's token count is summed, any other key of a namespace that reports it
+    is its token-weighted mean (whatever its name ends in), the rest a plain mean."""
+    micro = [{"actor/n_valid_tokens": 30.0, "actor/spo/frac": 0.1, "actor/spo/frac/max": 0.1, "mine/x": 1.0},
+             {"actor/n_valid_tokens": 10.0, "actor/spo/frac": 0.5, "actor/spo/frac/max": 0.5, "mine/x": 2.0}]
     out = reduce_stats([{k: torch.tensor(v) for k, v in r.items()} for r in micro])
-    assert {k: float(v) for k, v in out.items()} == pytest.approx(
-        {"actor/clip_frac": 0.2, "actor/n_valid_tokens": 40.0, "actor/importance_ratio/max": 2.5})
+    assert {k: v.item() for k, v in out.items()} == pytest.approx(
+        {"actor/n_valid_tokens": 40.0, "actor/spo/frac": 0.2, "actor/spo/frac/max": 0.2, "mine/x": 1.5})
+    made = declared({"actor/n_valid_tokens": torch.tensor(3.0), "actor/y": torch.tensor(0.5),
+                     "mine/x": torch.tensor(1.0)})
+    assert [(v.reduction, None if v.weight is None else v.weight.item()) for v in made.values()] == [
+        (Reduction.SUM, None), (Reduction.MEAN, 3.0), (Reduction.MEAN, None)]
+
+
+def test_a_statistic_made_two_ways_in_one_step_is_an_error():
+    with pytest.raises(ValueError, match="'actor/x' was made with different reductions"):
+        reduce_stats([{"actor/x": Stat.max(torch.tensor(1.0))}, {"actor/x": Stat.min(torch.tensor(1.0))}])

@@ -9,7 +9,7 @@ import torch
 
 from areal_trainer.components.loss import bind_policy_loss
 from areal_trainer.errors import ConfigError, PluginOutputError, UserError
-from areal_trainer.loss import PolicyLoss
+from areal_trainer.loss import PolicyLoss, Reduction, reduce_stats
 from areal_trainer.loss.ratio import LOG_RATIO_BOUND
 
 from .helpers import actor_config, inputs, loss_fn, t
@@ -26,6 +26,29 @@ def test_a_user_surrogate_replaces_the_clip_and_gets_its_kwargs():
     assert res.loss.item() == pytest.approx(-2 * math.exp(0.5), rel=1e-6)
     assert res.stats["actor/reinforce/scale"].item() == 2.0
     assert "actor/clip_frac" not in res.stats
+
+
+def test_a_plugin_declares_how_its_statistics_combine_and_plain_tensors_get_the_default():
+    fn = bind_policy_loss(surrogate("tests.plugins.declared_reinforce"))
+    # Micro-batch 0: ratios e^0.5, e^0 (A = +1, -1); micro-batch 1: one ratio e^1 (A = +1).
+    first = fn(inputs(t([[0.5, 0.0]]), t([[1.0, -1.0]]), [[1, 1]], prox=t([[0.0, 0.0]]))).stats
+    second = fn(inputs(t([[1.0]]), t([[1.0]]), [[1]], prox=t([[0.0]]))).stats
+    step = reduce_stats([first, second])
+    assert step["actor/declared/largest_ratio"].item() == pytest.approx(math.e)  # Stat.max: the largest
+    assert step["actor/declared/positive"].item() == 2.0  # Stat.sum: 1 + 1
+    assert step["actor/declared/ratio_mean"].item() == pytest.approx(((math.exp(0.5) + 1) / 2 + math.e) / 2)  # plain
+    assert step["actor/importance_ratio/mean"].item() == pytest.approx((math.exp(0.5) + 1 + math.e) / 3)  # by tokens
+    plain = bind_policy_loss(surrogate("tests.plugins.reinforce", scale=2.0))
+    stats = plain(inputs(t([[0.5, 0.0]]), t([[1.0, -1.0]]), [[1, 1]], prox=t([[0.0, 0.0]]))).stats
+    made = stats["actor/reinforce/scale"]  # a plain tensor: the mean weighted by actor/n_valid_tokens
+    assert made.reduction is Reduction.MEAN and made.weight.item() == 2.0
+
+
+def test_a_statistic_declared_wrongly_stops_naming_the_function():
+    fn = bind_policy_loss(surrogate("tests.plugins.max_with_a_weight"))
+    with pytest.raises(PluginOutputError, match=r"actor.loss.surrogate \(tests.plugins.max_with_a_weight\): "
+                                                r"stats\['actor/bad'\] is a Stat whose value \(or weight\)"):
+        fn(inputs(t([[0.5]]), t([[1.0]]), [[1]]))
 
 
 def test_a_whole_loss_plugin_replaces_the_staged_loss():

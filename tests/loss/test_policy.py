@@ -9,9 +9,10 @@ from torch.overrides import TorchFunctionMode
 from areal_trainer.components.loss import bind_policy_loss
 from areal_trainer.loss import (
     PolicyLossInputs,
+    Reduction,
+    Stat,
     loss_normalizer,
     reduce_stats,
-    reduction_of,
     value_loss,
 )
 
@@ -130,7 +131,8 @@ def test_stats_are_detached_zero_dim_and_namespaced():
     }
     assert set(res.stats) == expected
     for k, v in res.stats.items():
-        assert isinstance(v, torch.Tensor) and v.dim() == 0 and not v.requires_grad, k
+        assert isinstance(v, Stat) and v.value.dim() == 0 and not v.value.requires_grad, k
+        assert v.weight is None or v.weight.dim() == 0 and not v.weight.requires_grad, k
     assert res.stats["actor/staleness"].item() == pytest.approx(3.0)
     assert res.stats["actor/n_valid_tokens"].item() == inp.loss_mask.sum().item()
 
@@ -141,12 +143,23 @@ def test_sapo_stats():
     assert not any("clip_frac" in k for k in res.stats)
 
 
-def test_reduction_rules():
-    assert reduction_of("actor/importance_ratio/max") == "max"
-    assert reduction_of("actor/behave_weight/min") == "min"
-    assert reduction_of("actor/n_valid_tokens") == "sum"
-    assert reduction_of("critic/loss/normalizer") == "sum"
-    assert reduction_of("actor/clip_frac") == "mean"
+def test_every_statistic_is_made_with_the_reduction_its_name_promises():
+    """The reductions are declared where each statistic is made (``Stat``); the names follow the documented
+    convention: extremes under ``/min`` and ``/max``, the counts summed, every other key a mean over the
+    micro-batch's pre-filter tokens, weighted by them."""
+    inp = random_inputs(entropy=torch.rand(4, 6), versions=torch.zeros(4, 6, dtype=torch.long), current_version=3)
+    stats = bind_policy_loss(actor_config(**ALL_ON, prox_logp_method="metrics"))(inp).stats
+    _, critic = value_loss(torch.rand(4, 6), torch.rand(4, 6), torch.rand(4, 6), inp.loss_mask, 0.5)
+    for k, v in {**stats, **critic}.items():
+        if k.endswith(("/min", "/max")):
+            assert v.reduction == k.rsplit("/", 1)[1] and v.weight is None, k
+        elif k.endswith(("/n_valid_tokens", "/loss/normalizer")):
+            assert v.reduction is Reduction.SUM and v.weight is None, k
+        else:
+            n = stats["actor/n_valid_tokens"] if k.startswith("actor/") else critic["critic/n_valid_tokens"]
+            assert v.reduction is Reduction.MEAN and v.weight.item() == n.item() == inp.loss_mask.sum().item(), k
+    assert stats["actor/behave_weight/min"].reduction is Reduction.MIN
+    assert stats["actor/loss/normalizer_used/max"].reduction is Reduction.MAX
 
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
@@ -162,7 +175,10 @@ def test_reduced_micro_batch_stats_equal_full_batch_stats(mode):
     whole = fn(full).stats
     assert set(reduced) == set(whole)
     for k in whole:
-        assert torch.allclose(reduced[k], whole[k], atol=1e-6), k
+        assert reduced[k].reduction is whole[k].reduction, k
+        assert torch.allclose(reduced[k].value, whole[k].value, atol=1e-6), k
+        if whole[k].weight is not None:  # a mean keeps the tokens it averages over
+            assert reduced[k].weight.item() == whole[k].weight.item(), k
     assert torch.allclose(sum(m.loss for m in mbs), fn(full).loss, atol=1e-6)
 
 
@@ -176,7 +192,7 @@ def _rows(inp, rows):
 
 def test_value_stats_follow_the_convention():
     _, stats = value_loss(torch.rand(2, 3), torch.rand(2, 3), torch.rand(2, 3), mask_of([[1, 1, 0], [1, 0, 0]]), 0.5)
-    assert all(k.startswith("critic/") and v.dim() == 0 for k, v in stats.items())
+    assert all(k.startswith("critic/") and v.value.dim() == 0 for k, v in stats.items())
     assert stats["critic/n_valid_tokens"].item() == 3
 
 

@@ -122,7 +122,7 @@ def test_dual_clip_in_the_full_loss_and_positive_advantages_untouched():
 
 def test_dual_clip_rejects_c_not_above_one():
     assert clip_problems("actor", eps_clip=0.2, c_clip=1.0) == [
-        "actor.c_clip: got 1.0; the dual-clip constant must be > 1 (3.0 is usual), or null to disable."]
+        "actor.c_clip: got 1.0; must be > 1 or null (the dual-clip constant, 3.0 is usual; null disables it)."]
     with pytest.raises(ValueError, match="c_clip: got 0.5"):
         loss_fn(c_clip=0.5)
 
@@ -158,8 +158,8 @@ def test_sapo_ratio_uses_the_behaviour_policy():
 @pytest.mark.parametrize("tau", [0.0, -1.0])
 def test_sapo_rejects_non_positive_tau(tau):
     assert sapo_problems("actor", sapo_tau_pos=1.0, sapo_tau_neg=tau) == [
-        f"actor.sapo_tau_neg: got {tau}; SAPO temperatures must be positive."]
-    with pytest.raises(ValueError, match="must be positive"):
+        f"actor.sapo_tau_neg: got {tau}; must be > 0 (a SAPO gate temperature)."]
+    with pytest.raises(ValueError, match=r"sapo_tau_neg: got .*; must be > 0"):
         loss_fn(use_sapo_loss=True, sapo_tau_neg=tau)
 
 

@@ -3,17 +3,19 @@ loss skips the step without touching the weights."""
 
 import copy
 
+import pytest
 import torch
 
 from areal_trainer.components import load_config
 from areal_trainer.components.loss import bind_policy_loss
 from areal_trainer.config.parts import MicroBatchSpec
 from areal_trainer.dist import DistContext
-from areal_trainer.loss import PolicyLogprobs
+from areal_trainer.loss import PolicyLogprobs, Stat, reduce_stats
+from areal_trainer.metrics import Max, Mean, Sum, floats, reduce
 from areal_trainer.model.builtin import build_model, build_tokenizer
 from areal_trainer.train.batch import UpdateBatch
 from areal_trainer.train.models.policy import PolicyModel
-from areal_trainer.train.models.update import balanced_partition, micro_batches
+from areal_trainer.train.models.update import balanced_partition, micro_batches, typed_stats
 
 
 def _batch(tok, rows=6, width=10, nan_at=None) -> UpdateBatch:
@@ -109,3 +111,23 @@ def test_micro_batch_granularity_and_divisor():
     for p in parts:
         assert p == [p[0], p[0] + 1] and p[0] % 2 == 0
     assert micro_batches([0, 1, 2], [1, 1, 1], MicroBatchSpec()) == [[0, 1, 2]]  # defaults: one micro-batch
+
+
+def test_the_loss_statistics_become_metrics_with_the_reduction_they_were_made_with():
+    """Two processes, each with its micro-batches reduced (``loss/stats.py``), combine as metrics exactly as all
+    micro-batches would have combined at once: the token-weighted mean keeps its tokens as its weight."""
+    def micro(tokens: float, frac: float, top: float) -> dict:
+        n = torch.tensor(tokens)
+        return {"actor/n_valid_tokens": Stat.sum(n), "actor/frac": Stat.mean(torch.tensor(frac), weight=n),
+                "actor/top": Stat.max(torch.tensor(top)), "actor/setting": Stat.mean(torch.tensor(frac * 10))}
+
+    a = [micro(30.0, 0.1, 1.0), micro(10.0, 0.3, 4.0)]  # process 0: 40 tokens, frac (3 + 3) / 40 = 0.15
+    b = [micro(20.0, 0.6, 2.0)]  # process 1: 20 tokens, frac 0.6
+    per_process = [typed_stats(reduce_stats(p)) for p in (a, b)]
+    assert per_process[0]["actor/frac"] == Mean(pytest.approx(0.15), weight=40.0)
+    assert isinstance(per_process[0]["actor/top"], Max) and isinstance(per_process[0]["actor/n_valid_tokens"], Sum)
+    step = floats(reduce(per_process))
+    # frac: (0.15 * 40 + 0.6 * 20) / 60 = 0.3; setting: a plain mean in each process ((1 + 3) / 2 = 2, and 6), then
+    # of the processes, (2 + 6) / 2 = 4
+    assert step == pytest.approx({"actor/n_valid_tokens": 60.0, "actor/frac": 0.3, "actor/top": 4.0,
+                                  "actor/setting": 4.0})

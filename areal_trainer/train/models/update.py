@@ -22,7 +22,7 @@ import torch
 
 from ... import fsdp
 from ...config.parts import MicroBatchSpec
-from ...loss.stats import Reduction, count_key, reduce_stats, reduction_of
+from ...loss.stats import Reduction, Stat, reduce_stats
 from ...metrics import Max, Mean, Metric, Min, Sum
 from ...model.prefix import GroupPrefix, count_tree_tokens
 
@@ -42,16 +42,19 @@ class UpdateResult:
         return self.n_steps > 0 and self.n_skipped == self.n_steps
 
 
-def typed_stats(stats: dict[str, torch.Tensor]) -> dict[str, Metric]:
-    """The loss's step statistics (reduced over micro-batches by the loss's own table, ``loss/stats.py``)
-    as metrics carrying the same reduction across processes."""
+_METRIC = {Reduction.MIN: Min, Reduction.MAX: Max, Reduction.SUM: Sum}
+
+
+def typed_stats(stats: dict[str, Stat]) -> dict[str, Metric]:
+    """The loss's step statistics (reduced over micro-batches, ``loss/stats.py``) as metrics carrying the
+    reduction each was made with across processes: a weighted mean keeps its summed weight (its tokens)."""
     out: dict[str, Metric] = {}
-    for key, value in stats.items():
-        how, v = reduction_of(key, stats), float(value)
-        if how is Reduction.TOKEN_MEAN:
-            out[key] = Mean(v, weight=float(stats[count_key(key)]))
+    for key, stat in stats.items():
+        v = float(stat.value)
+        if stat.reduction is Reduction.MEAN:
+            out[key] = Mean(v) if stat.weight is None else Mean(v, weight=float(stat.weight))
         else:
-            out[key] = {Reduction.MIN: Min, Reduction.MAX: Max, Reduction.SUM: Sum, Reduction.MEAN: Mean}[how](v)
+            out[key] = _METRIC[stat.reduction](v)
     return out
 
 
