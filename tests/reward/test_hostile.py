@@ -25,9 +25,7 @@ import pytest
 
 from areal_trainer.reward.code import unit_tests
 
-from ..isolation import needs_isolation
-
-pytestmark = needs_isolation
+from ..isolation import BOXES
 
 REPO = Path(__file__).resolve().parents[2]
 SLACK_S = 5.0  # start-up, kill and cleanup on a busy 2-core machine
@@ -149,9 +147,15 @@ def world(tmp_path, monkeypatch):
     w.close()
 
 
-def score(completion: str, tests: list[str], timeout: float) -> tuple[float, float]:
+@pytest.fixture(params=BOXES)
+def isolation(request):
+    """Each case runs in each box this machine can set up."""
+    return request.param
+
+
+def score(completion: str, tests: list[str], timeout: float, isolation: str) -> tuple[float, float]:
     start = time.monotonic()
-    value = unit_tests("Write the function.", completion, None, tests=tests, timeout=timeout)
+    value = unit_tests("Write the function.", completion, None, tests=tests, timeout=timeout, isolation=isolation)
     return value, time.monotonic() - start
 
 
@@ -401,8 +405,8 @@ BENIGN = [
 
 
 @pytest.mark.parametrize(("completion", "tests", "timeout"), HOSTILE)
-def test_hostile_scores_zero(completion, tests, timeout, world):
-    value, elapsed = score(world.format(completion), [world.format(t) for t in tests], timeout)
+def test_hostile_scores_zero(completion, tests, timeout, world, isolation):
+    value, elapsed = score(world.format(completion), [world.format(t) for t in tests], timeout, isolation)
     broken = world.broken()
     assert value == 0.0
     assert broken == []
@@ -410,7 +414,7 @@ def test_hostile_scores_zero(completion, tests, timeout, world):
 
 
 @pytest.mark.parametrize(("completion", "tests", "timeout"), BENIGN)
-def test_benign_scores_one(completion, tests, timeout):
-    value, elapsed = score(completion, tests, timeout)
+def test_benign_scores_one(completion, tests, timeout, isolation):
+    value, elapsed = score(completion, tests, timeout, isolation)
     assert value == 1.0
     assert elapsed < timeout + SLACK_S
