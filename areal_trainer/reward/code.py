@@ -130,7 +130,7 @@ def run_tests(code: str, tests: list[str], *, timeout: float, memory_mb: int, is
     ``RuntimeError`` when the box cannot set itself up. ``in_force`` receives the box's ``ready`` message
     (``{"ready": "namespaces", "landlock" or "off", "seccomp": "on" or why not}``, and for Landlock its
     ABI version and why the namespaces were refused)."""
-    scratch = tempfile.mkdtemp(prefix="areal_code_")  # mode 0700: the working directory but with namespaces
+    scratch = tempfile.mkdtemp(prefix="areal_code_")  # mode 0700; the code's own but in the namespace box (a tmpfs)
     deadline = time.monotonic() + timeout
     request_r, request_w = os.pipe()
     answer_r, answer_w = os.pipe()
@@ -138,9 +138,8 @@ def run_tests(code: str, tests: list[str], *, timeout: float, memory_mb: int, is
         proc = subprocess.Popen(
             [sys.executable, "-I", "-B", CHILD, str(request_r), str(answer_w), str(os.getpid())],
             cwd=scratch, env=_child_env("/tmp" if isolation in ("auto", "namespaces") else scratch),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(request_r, answer_w),
-            start_new_session=True)
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            pass_fds=(request_r, answer_w), start_new_session=True)
         for fd in (request_r, answer_w):
             os.close(fd)
         request_r = answer_w = -1

@@ -80,8 +80,8 @@ class Watchdog:
 
 
 def usage(scratch: str, pid: int, max_entries: int) -> tuple[int, int]:
-    """Bytes allocated to the regular files under ``scratch`` and to those process ``pid`` holds open
-    without a name on its filesystem (each file once), and the number of entries under ``scratch``,
+    """Bytes allocated to the regular files under ``scratch`` and to those process ``pid`` (or a child of
+    it) holds open without a name on its filesystem (each file once), and the number of entries under ``scratch``,
     counted up to ``max_entries + 1``. Raises ``PermissionError`` for a directory it cannot read,
     ``FileNotFoundError`` once ``pid`` is gone."""
     seen: set[tuple[int, int]] = set()
@@ -109,11 +109,19 @@ def usage(scratch: str, pid: int, max_entries: int) -> tuple[int, int]:
         except FileNotFoundError:
             continue
     device = os.stat(scratch).st_dev
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        with contextlib.suppress(FileNotFoundError):  # closed meanwhile
-            st = os.stat(f"/proc/{pid}/fd/{fd}")  # follows the link to the open file itself
-            if st.st_nlink == 0 and st.st_dev == device:  # a named one is under scratch, or not the box's
-                count(st)
+    # The box, or its one child where a namespace attempt forked before it failed and Landlock took over.
+    for box in (pid, *children(pid)):
+        try:
+            fds = os.listdir(f"/proc/{box}/fd")
+        except FileNotFoundError:
+            if box == pid:
+                raise
+            continue
+        for fd in fds:
+            with contextlib.suppress(FileNotFoundError):  # closed meanwhile
+                st = os.stat(f"/proc/{box}/fd/{fd}")  # follows the link to the open file itself
+                if st.st_nlink == 0 and st.st_dev == device:  # a named one is under scratch, or not the box's
+                    count(st)
     return used, entries
 
 
