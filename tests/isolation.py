@@ -1,15 +1,31 @@
-"""Whether this machine can box generated code (``reward/box/namespaces.py``), probed once: tests of code
-rewards that isolate are marked :data:`needs_isolation` and skipped, with the kernel's reason, where it
-cannot (a container runtime's seccomp profile, user namespaces off), as GPU tests are without a GPU;
-a box that fails for any other reason fails them.
-On such a machine code rewards refuse to start; ``tests/reward/test_box.py`` checks that refusal everywhere."""
+"""Which boxes this machine can run generated code in, probed once: tests of code rewards that isolate
+are marked :data:`needs_isolation` (the default box, ``isolation=auto``), :data:`needs_namespaces`
+(``reward/box/namespaces.py``) or :data:`needs_landlock` (``reward/box/landlock.py``) and skipped, with
+the kernel's reason, where it refuses that box (a container runtime's seccomp profile, user namespaces
+off, a kernel without Landlock), as GPU tests are without a GPU; a box that fails for any other reason
+fails them. Where the kernel refuses both, code rewards refuse to start; ``tests/reward/test_box.py``
+checks that refusal everywhere."""
 
 import pytest
 
 from areal_trainer.reward.code import _probe
 
+KERNEL_REFUSALS = ("Operation not permitted", "Permission denied", "No space left", "Invalid argument",
+                   "has no Landlock", "Landlock is disabled")
+
+
+def _refused(found: dict) -> bool:
+    """Only where the kernel refused a step: any other failure of the box is a bug, and its tests fail."""
+    error = found.get("error", "")
+    return any(kind in error for kind in ("IsolationError", "LandlockError")) and any(
+        why in error for why in KERNEL_REFUSALS)
+
+
 FOUND = _probe(512)
-KERNEL_REFUSALS = ("Operation not permitted", "Permission denied", "No space left", "Invalid argument")
-REFUSED = "IsolationError" in FOUND.get("error", "") and any(why in FOUND["error"] for why in KERNEL_REFUSALS)
-"""Skipped only where the kernel refused a step: any other failure of the box is a bug, and its tests fail."""
-needs_isolation = pytest.mark.skipif(REFUSED, reason=f"no isolation for generated code here: {FOUND.get('error')}")
+NAMESPACES, LANDLOCK = _probe(512, "namespaces"), _probe(512, "landlock")
+needs_isolation = pytest.mark.skipif(_refused(FOUND), reason=f"no box for generated code here: {FOUND.get('error')}")
+needs_namespaces = pytest.mark.skipif(_refused(NAMESPACES), reason=f"no namespaces here: {NAMESPACES.get('error')}")
+needs_landlock = pytest.mark.skipif(_refused(LANDLOCK), reason=f"no Landlock here: {LANDLOCK.get('error')}")
+BOXES = [pytest.param("namespaces", marks=needs_namespaces, id="namespaces"),
+         pytest.param("landlock", marks=needs_landlock, id="landlock")]
+"""``isolation`` values for tests that run in each box."""

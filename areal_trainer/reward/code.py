@@ -24,8 +24,12 @@ BLAS/OpenMP thread: no variable of the trainer's. Before the code runs it locks 
   64 MiB ``/tmp`` as its only writable place (gone with it), its own ``/proc`` with no other process, no
   ``/etc``, home, checkout or checkpoint, only ``/dev/null``, ``zero``, ``random``, ``urandom``, and no
   network. Where the kernel refuses the namespaces (no unprivileged user namespaces; a container
-  runtime's seccomp profile), code rewards refuse to start, saying what failed.
-* ``isolation=off``: only what follows, which runs in both cases. The code then runs as the trainer's
+  runtime's seccomp profile), a Landlock box instead (``box/landlock.py``, Linux >= 5.13): the same
+  files readable, its scratch directory (private to the call, watched to the same 64 MiB and 4096
+  entries by ``keeper.py``) as its only writable place, no ``/proc`` at all, no capabilities, no TCP,
+  no signal out of it. Where neither can be set up, code rewards refuse to start, saying what failed.
+* ``isolation=namespaces`` or ``landlock``: that box only (an error where the kernel refuses it).
+* ``isolation=off``: only what follows, which runs in every case. The code then runs as the trainer's
   user and sees its files: only for a machine with nothing to protect.
 * Resource limits (memory ``memory_mb``, CPU time, no new processes, file sizes and counts), a seccomp
   filter with which the kernel refuses processes, threads, ``exec``, sockets, signals to other processes,
@@ -40,13 +44,9 @@ pass. What the box cannot bound: the code's CPU use per call is bounded by ``tim
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import os
-import shutil
-import signal
-import stat
 import subprocess
 import sys
 import tempfile
@@ -54,20 +54,18 @@ import textwrap
 import time
 
 from ..errors import UserError
-from . import completion_text, judge
+from . import completion_text, judge, keeper
 from .box import wire
 
 logger = logging.getLogger(__name__)
 
 MIN_MEMORY_MB = 64
 """The smallest ``memory_mb`` accepted: below it the interpreter itself cannot run."""
-ISOLATION = ("auto", "off")
+ISOLATION = ("auto", "namespaces", "landlock", "off")
 """The values of ``isolation`` (see the module docstring)."""
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "box", "child.py")
 """The box's script, run by path: a script, not a module of the package."""
 _PYTHON_TAGS = {"", "python", "py", "python3"}
-_REAP_S = 1.0
-"""How long the judge waits for the box's outer process to reap the killed box before killing it too."""
 _warned: set[str] = set()
 
 
@@ -130,39 +128,50 @@ def run_tests(code: str, tests: list[str], *, timeout: float, memory_mb: int, is
               in_force: dict | None = None) -> list[bool]:
     """Whether each test passed after ``code`` run in a box (see the module docstring). Raises
     ``RuntimeError`` when the box cannot set itself up. ``in_force`` receives the box's ``ready`` message
-    (``{"ready": "namespaces" or "off", "seccomp": "on" or why not}``)."""
-    scratch = tempfile.mkdtemp(prefix="areal_code_")  # the working directory with isolation=off
+    (``{"ready": "namespaces", "landlock" or "off", "seccomp": "on" or why not}``, and for Landlock its
+    ABI version and why the namespaces were refused)."""
+    scratch = tempfile.mkdtemp(prefix="areal_code_")  # mode 0700; the code's own but in the namespace box (a tmpfs)
     deadline = time.monotonic() + timeout
     request_r, request_w = os.pipe()
     answer_r, answer_w = os.pipe()
     try:
         proc = subprocess.Popen(
             [sys.executable, "-I", "-B", CHILD, str(request_r), str(answer_w), str(os.getpid())],
-            cwd=scratch, env=_child_env(scratch if isolation == "off" else "/tmp"), stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(request_r, answer_w),
-            start_new_session=True)
+            cwd=scratch, env=_child_env("/tmp" if isolation in ("auto", "namespaces") else scratch),
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            pass_fds=(request_r, answer_w), start_new_session=True)
         for fd in (request_r, answer_w):
             os.close(fd)
         request_r = answer_w = -1
+        watchdog = None
         try:
             box = judge.Box(request_w, answer_r, deadline)
             os.write(request_w, wire.dumps({"code": code, "memory_mb": memory_mb, "cpu_s": math.ceil(timeout) + 1,
                                             "isolation": isolation}))
-            names = _start(box, timeout, {} if in_force is None else in_force)
+            ready = _ready(box, timeout, {} if in_force is None else in_force)
+            if ready == "landlock":  # before the code runs: nothing bounds its scratch directory but this
+                watchdog = keeper.Watchdog(scratch, proc.pid)
+            names = _loaded(box) if ready else None
             passed = [False] * len(tests) if names is None else judge.run_tests(box, names, tests)
         finally:
-            _kill_group(proc)
+            if watchdog is not None:
+                watchdog.stop()
+            keeper.kill_group(proc)
+        if watchdog is not None and watchdog.reason:
+            _warn_once(f"unit_tests: a Landlock box was killed: {watchdog.reason}; the tests it had not passed "
+                       "failed.")
     finally:
         for fd in (request_r, request_w, answer_r, answer_w):
             if fd >= 0:
                 os.close(fd)
-        _remove_tree(scratch)
+        if not keeper.remove_tree(scratch):
+            _warn_once(f"unit_tests: could not delete the scratch directory {scratch}")
     return passed
 
 
-def _start(box: judge.Box, timeout: float, in_force: dict):
-    """The box's ``loaded`` names once it is set up and ran the code; None when the code raised or the
-    box did not get there in time (warned once). Raises ``RuntimeError`` for a box that could not set up."""
+def _ready(box: judge.Box, timeout: float, in_force: dict) -> str | None:
+    """What the box has in force once it is set up (``namespaces``, ``landlock``, ``off``); None when it
+    did not get there in time (warned once). Raises ``RuntimeError`` for a box that could not set up."""
     try:
         ready = box.receive()
     except judge.BoxGone:
@@ -176,35 +185,34 @@ def _start(box: judge.Box, timeout: float, in_force: dict):
     if ready.get("seccomp") != "on":
         _warn_once(f"unit_tests: the seccomp filter could not be installed ({ready.get('seccomp')}); the code "
                    "runs without it (see areal_trainer/reward/code.py).")
+    return str(ready.get("ready"))
+
+
+def _loaded(box: judge.Box):
+    """The names the code defined (the box's ``loaded`` message); None when it raised or ran out of time."""
     try:
-        loaded = box.receive()
+        return box.receive().get("loaded")
     except judge.BoxGone:
         return None
-    return loaded.get("loaded")
 
 
 def startup_problems(kwargs: dict, *, key: str = "reward.fn") -> list[str]:
     """The problems of running code rewards with ``kwargs`` (``reward.kwargs``) on this machine, found by
     running one trivial program in a box, before any model loads: bad limits, or a box that cannot isolate
-    (with what failed and the opt-out key). Logs once what is in force (``sandbox: namespaces+seccomp``);
-    ``isolation=off`` where isolation works is a warning naming what is given up."""
+    (with what failed and the opt-out key). Logs once what is in force (``sandbox: namespaces+seccomp``,
+    ``sandbox: landlock+seccomp``); ``isolation=off`` where isolation works is a warning naming what is
+    given up."""
     timeout, memory_mb = kwargs.get("timeout", 5.0), kwargs.get("memory_mb", 512)
     isolation = kwargs.get("isolation", "auto")
     try:
         _check_limits(timeout, memory_mb, isolation)
     except UserError as e:
         return [str(e)]
-    found = _probe(int(memory_mb))
-    if isolation == "auto":
+    found = _probe(int(memory_mb), "auto" if isolation == "off" else isolation)
+    if isolation != "off":
         if "error" in found:
-            return [f"{key} (unit_tests): generated code cannot be isolated on this machine: {found['error']}. The box "
-                    "needs unprivileged user namespaces (or root), which a container runtime's default seccomp "
-                    "profile or the sysctls kernel.unprivileged_userns_clone=0 / user.max_user_namespaces=0 refuse. "
-                    "Run where they are allowed (e.g. docker --security-opt seccomp=unconfined), or set "
-                    "reward.kwargs.isolation=off to run the code with resource limits and seccomp only: it can "
-                    "then read and write whatever the trainer's user can."]
-        _note_once(f"sandbox: namespaces+{_seccomp_word(found)} (own user, mount, PID, IPC, UTS and network "
-                   "namespaces; read-only system and Python environment; a private 64 MiB /tmp; no network)")
+            return [_refusal(key, isolation, found["error"])]
+        _note_once(_in_force(found, isolation))
     else:
         if "error" not in found:
             _warn_once(f"{key}: reward.kwargs.isolation=off on a machine that can isolate generated code: it runs "
@@ -216,20 +224,51 @@ def startup_problems(kwargs: dict, *, key: str = "reward.fn") -> list[str]:
 
 
 unit_tests.startup_check = startup_problems  # RewardFunction.startup_problems calls it before any model loads
-_probes: dict[int, dict] = {}
+_probes: dict[tuple[int, str], dict] = {}
+_NEEDS = {"namespaces": "unprivileged user namespaces (or root), which a container runtime's default seccomp profile "
+                        "or the sysctls kernel.unprivileged_userns_clone=0 / user.max_user_namespaces=0 refuse",
+          "landlock": "Landlock: Linux >= 5.13 with landlock among the LSMs (the lsm= boot parameter), and a "
+                      "container runtime that allows its system calls"}
 
 
-def _probe(memory_mb: int) -> dict:
-    """What an isolated box reports on this machine (its ``ready`` message, or ``{"error": why}``), once."""
-    if memory_mb not in _probes:
+def _refusal(key: str, isolation: str, why: str) -> str:
+    """The start-up error where the box asked for cannot be set up: what failed, what it needs, the way out."""
+    off = ("set reward.kwargs.isolation=off to run the code with resource limits and seccomp only: it can then "
+           "read and write whatever the trainer's user can")
+    if isolation == "auto":
+        return (f"{key} (unit_tests): generated code cannot be isolated on this machine: {why}. The box needs "
+                f"{_NEEDS['namespaces']}; or else {_NEEDS['landlock']}. Run where either is allowed (e.g. docker "
+                f"--security-opt seccomp=unconfined), or {off}.")
+    other = "a Landlock box" if isolation == "namespaces" else "namespaces"
+    return (f"{key} (unit_tests): reward.kwargs.isolation={isolation}, which this machine refuses: {why}. It needs "
+            f"{_NEEDS[isolation]}. Remove the key (auto) to use {other} where the kernel allows them, or {off}.")
+
+
+def _in_force(found: dict, isolation: str) -> str:
+    """The run log's line naming the box in force (``found``: its ``ready`` message)."""
+    if found.get("ready") == "namespaces":
+        return (f"sandbox: namespaces+{_seccomp_word(found)} (own user, mount, PID, IPC, UTS and network "
+                "namespaces; read-only system and Python environment; a private 64 MiB /tmp; no network)")
+    abi = int(found.get("landlock", 0))
+    why = "isolation=landlock" if isolation == "landlock" else f"namespaces refused: {found.get('namespaces')}"
+    tcp = ", TCP by Landlock too" if abi >= 4 else ""
+    scoped = "or abstract socket " if abi >= 6 else ""
+    return (f"sandbox: landlock+{_seccomp_word(found)} ({why}; Landlock ABI {abi}: read-only system and Python "
+            "environment; a private scratch directory, watched to 64 MiB and 4096 entries; no /etc, /proc or "
+            f"home; no capabilities; no network (sockets refused by seccomp{tcp}); no signal {scoped}out of the box)")
+
+
+def _probe(memory_mb: int, isolation: str = "auto") -> dict:
+    """What a box of ``isolation`` reports on this machine (its ``ready`` message, or ``{"error": why}``), once."""
+    if (memory_mb, isolation) not in _probes:
         in_force: dict = {}
         try:
             run_tests("def f():\n    return 1\n", ["assert f() == 1"], timeout=30.0, memory_mb=memory_mb,
-                      isolation="auto", in_force=in_force)
+                      isolation=isolation, in_force=in_force)
         except RuntimeError:
             in_force = {"error": in_force.get("setup-error", "the box could not set itself up")}
-        _probes[memory_mb] = in_force
-    return _probes[memory_mb]
+        _probes[memory_mb, isolation] = in_force
+    return _probes[memory_mb, isolation]
 
 
 def _seccomp_word(found: dict) -> str:
@@ -245,52 +284,12 @@ def _check_limits(timeout, memory_mb, isolation="auto") -> None:
                           f"an integer >= {MIN_MEMORY_MB} (default 512).")
     if isolation not in ISOLATION:
         raise UserError(f"reward.kwargs.isolation: got {isolation!r}; give one of {', '.join(ISOLATION)} "
-                        "(default auto: namespaces; off: limits and seccomp only).")
+                        "(default auto: namespaces, else Landlock; off: limits and seccomp only).")
 
 
 def _child_env(home: str) -> dict[str, str]:
     return {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": home,
             "TMPDIR": home, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    """End the box and reap it. With namespaces the box is the one child of ``proc`` (which only waits
-    for it): kill that child first, so that ``proc`` reaps it and no orphan zombie is left to the
-    machine's init; then SIGKILL the whole process group (anything left) and reap ``proc``."""
-    children = _children(proc.pid)
-    for pid in children:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-    if children:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=_REAP_S)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()
-
-
-def _children(pid: int) -> list[int]:
-    """The pids of ``pid``'s children, as the kernel lists them (never as the box says)."""
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(c) for c in f.read().split()]
-    except (OSError, ValueError):
-        return []
-
-
-def _remove_tree(path: str) -> None:
-    """Delete the scratch directory, also where the code took permissions away from what it made."""
-    for root, dirs, _files in os.walk(path):  # top-down: each directory is opened up before the walk enters it
-        for name in dirs:
-            sub = os.path.join(root, name)
-            if not os.path.islink(sub):  # chmod follows links: never touch what a link points to
-                with contextlib.suppress(OSError):
-                    os.chmod(sub, stat.S_IRWXU)
-    shutil.rmtree(path, ignore_errors=True)
-    if os.path.exists(path):
-        _warn_once(f"unit_tests: could not delete the scratch directory {path}")
 
 
 def _note_once(message: str) -> None:

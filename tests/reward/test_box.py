@@ -1,5 +1,6 @@
-"""The box's plumbing: plain data on the wire, the judge's handles, what is in force at start-up, and
-code rewards refusing to start where the kernel refuses the namespaces (as a container runtime does)."""
+"""The box's plumbing: plain data on the wire, the judge's handles, what is in force at start-up, the
+Landlock box taking over where the kernel refuses the namespaces (as a container runtime does), and code
+rewards refusing to start where it refuses both."""
 
 import logging
 import math
@@ -15,7 +16,7 @@ from areal_trainer.reward import code
 from areal_trainer.reward.box import wire
 from areal_trainer.reward.code import run_tests, startup_problems, unit_tests
 
-from ..isolation import needs_isolation
+from ..isolation import needs_isolation, needs_landlock, needs_namespaces
 
 SOLUTION = "def f(x):\n    return 3 * x + 2\n"
 LINUX = sys.platform == "linux" and platform.machine().lower() in ("x86_64", "amd64", "aarch64", "arm64")
@@ -106,33 +107,42 @@ def test_an_exception_the_code_raises_is_the_builtin_one_and_a_dead_box_is_none(
                      memory_mb=512) == [True, False, False]
 
 
-@needs_isolation
+@needs_namespaces
+@needs_landlock
 def test_start_up_names_what_is_in_force_once(caplog):
     code._warned.clear()
     with caplog.at_level(logging.INFO, logger="areal_trainer.reward.code"):
         assert startup_problems({}) == [] and startup_problems({"timeout": 2}) == []
+        assert startup_problems({"isolation": "namespaces"}) == []
+        assert startup_problems({"isolation": "landlock"}) == startup_problems({"isolation": "landlock"}) == []
         assert startup_problems({"isolation": "off"}) == []
     lines = [r.getMessage() for r in caplog.records]
-    assert sum(m.startswith("sandbox: namespaces+seccomp") for m in lines) == 1
+    assert sum(m.startswith("sandbox: namespaces+seccomp (own user, mount, PID") for m in lines) == 1
+    assert sum(m.startswith("sandbox: landlock+seccomp (isolation=landlock; Landlock ABI ") for m in lines) == 1
     assert sum(m.startswith("sandbox: limits+seccomp (isolation=off") for m in lines) == 1
     assert any("isolation=off on a machine that can isolate" in m and "Remove the key" in m for m in lines)
 
 
 def test_bad_kwargs_are_start_up_problems():
     assert startup_problems({"isolation": "docker"}) == [
-        "reward.kwargs.isolation: got 'docker'; give one of auto, off (default auto: namespaces; off: limits and "
-        "seccomp only)."]
+        "reward.kwargs.isolation: got 'docker'; give one of auto, namespaces, landlock, off (default auto: "
+        "namespaces, else Landlock; off: limits and seccomp only)."]
     with pytest.raises(code.UserError, match="isolation"):
         unit_tests("p", SOLUTION, "", tests=["assert f(1) == 5"], isolation="none")
 
 
-# What a container runtime's default seccomp profile does to the box: unshare is refused (EPERM).
+# What a container runtime's default seccomp profile does to the box: unshare is refused (EPERM); and a
+# kernel without Landlock too (landlock_create_ruleset refused, as a profile that predates it does).
 REFUSING = """
-import ctypes, platform
+import ctypes, logging, platform, sys
 from areal_trainer.reward.code import startup_problems, unit_tests
+logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="log: %(message)s")
 arch = platform.machine().lower()
-nr, audit = (272, 0xC000003E) if arch in ("x86_64", "amd64") else (97, 0xC00000B7)
-prog = [(0x20, 0, 0, 0), (0x15, 0, 1, nr), (0x06, 0, 0, 0x00050000 | 1), (0x06, 0, 0, 0x7FFF0000)]
+unshare = 272 if arch in ("x86_64", "amd64") else 97
+prog = [(0x20, 0, 0, 0)]
+for nr in [unshare] + ([444] if sys.argv[1] == "both" else []):
+    prog += [(0x15, 0, 1, nr), (0x06, 0, 0, 0x00050000 | 1)]
+prog += [(0x06, 0, 0, 0x7FFF0000)]
 class F(ctypes.Structure):
     _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint32)]
 class P(ctypes.Structure):
@@ -141,19 +151,53 @@ fs = (F * len(prog))(*[F(*i) for i in prog])
 libc = ctypes.CDLL(None)
 libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
 assert libc.prctl(38, 1, None, 0, 0) == 0 and libc.prctl(22, 2, ctypes.addressof(P(len(prog), fs)), 0, 0) == 0
-print(startup_problems({}, key="reward.fn[1]"))
-print(startup_problems({"isolation": "off"}))
+print(repr(startup_problems({}, key="reward.fn[1]")))
+print(repr(startup_problems({"isolation": "namespaces"})))
+print(repr(startup_problems({"isolation": "off"})))
 print(unit_tests("p", "def f(x):\\n    return 3 * x + 2\\n", "", tests=["assert f(1) == 5"], isolation="off"))
+try:
+    print(unit_tests("p", "def f(x):\\n    return 3 * x + 2\\n", "", tests=["assert f(1) == 5"]))
+except RuntimeError:
+    print(None)
 """
+REFUSED_NAMESPACES = "unshare(user, mount, pid, net, ipc, uts namespaces): Operation not permitted"
+
+
+def refusing(which: str) -> tuple[list, str]:
+    """The lines the script above prints (each a Python literal) and its log, the kernel refusing ``which``."""
+    out = subprocess.run([sys.executable, "-c", REFUSING, which], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    log = "\n".join(line for line in out.stdout.splitlines() if line.startswith("log: "))
+    return [eval(line) for line in out.stdout.splitlines() if not line.startswith("log: ")], log
 
 
 @pytest.mark.skipif(not LINUX, reason="the box's namespaces and seccomp are Linux x86-64/arm64")
-def test_where_the_kernel_refuses_namespaces_code_rewards_refuse_to_start():
-    out = subprocess.run([sys.executable, "-c", REFUSING], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    refused, off, score = out.stdout.splitlines()
-    assert "reward.fn[1] (unit_tests): generated code cannot be isolated on this machine" in refused
-    assert "unshare(user, mount, pid, net, ipc, uts namespaces): Operation not permitted" in refused
-    assert "set reward.kwargs.isolation=off" in refused
-    assert off == "[]" and score == "1.0"
-    assert "isolation=off on a machine that can isolate" not in out.stderr  # nothing is given up there
+@needs_landlock
+def test_where_the_kernel_refuses_namespaces_auto_takes_the_landlock_box():
+    (auto, namespaces, off, score_off, score), log = refusing("namespaces")
+    assert auto == [] and off == [] and score_off == score == 1.0
+    in_force = [line for line in log.splitlines() if line.startswith("log: sandbox: landlock+seccomp")]
+    assert len(in_force) == 1 and f"(namespaces refused: IsolationError: [Errno 1] {REFUSED_NAMESPACES}; " \
+        "Landlock ABI " in in_force[0], log
+    assert "sandbox: namespaces" not in log
+    assert namespaces == [f"reward.fn (unit_tests): reward.kwargs.isolation=namespaces, which this machine refuses: "
+                          f"IsolationError: [Errno 1] {REFUSED_NAMESPACES}. It needs unprivileged user namespaces "
+                          "(or root), which a container runtime's default seccomp profile or the sysctls "
+                          "kernel.unprivileged_userns_clone=0 / user.max_user_namespaces=0 refuse. Remove the key "
+                          "(auto) to use a Landlock box where the kernel allows them, or set "
+                          "reward.kwargs.isolation=off to run the code with resource limits and seccomp only: it "
+                          "can then read and write whatever the trainer's user can."]
+    assert "isolation=off on a machine that can isolate" in log  # the Landlock box was given up
+
+
+@pytest.mark.skipif(not LINUX, reason="the box's namespaces and seccomp are Linux x86-64/arm64")
+def test_where_the_kernel_refuses_namespaces_and_landlock_code_rewards_refuse_to_start():
+    (auto, namespaces, off, score_off, score), log = refusing("both")
+    assert len(auto) == 1 and auto[0].startswith(
+        "reward.fn[1] (unit_tests): generated code cannot be isolated on this machine: Refused: namespaces: "
+        f"IsolationError: [Errno 1] {REFUSED_NAMESPACES}; Landlock: LandlockError: [Errno 1] "
+        "landlock_create_ruleset: Operation not permitted. The box needs unprivileged user namespaces")
+    assert "or else Landlock: Linux >= 5.13" in auto[0] and "set reward.kwargs.isolation=off" in auto[0]
+    assert len(namespaces) == 1 and REFUSED_NAMESPACES in namespaces[0]
+    assert off == [] and score_off == 1.0 and score is None
+    assert "isolation=off on a machine that can isolate" not in log  # nothing is given up there

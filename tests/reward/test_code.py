@@ -12,11 +12,11 @@ import time
 import pytest
 
 from areal_trainer.errors import UserError
-from areal_trainer.reward import code
+from areal_trainer.reward import code, keeper
 from areal_trainer.reward.code import extract_code, split_tests, unit_tests
 
 from ..helpers import HANG, alive, wait_dead, within
-from ..isolation import needs_isolation
+from ..isolation import needs_isolation, needs_namespaces
 
 pytestmark = needs_isolation
 
@@ -182,10 +182,11 @@ class Reporting(subprocess.Popen):
         print(self.pid, flush=True)
 
 code.subprocess.Popen = Reporting
-code.unit_tests("p", "import time\\ntime.sleep(60)", "", tests=["assert True"], timeout=60)
+code.unit_tests("p", "import time\\ntime.sleep(60)", "", tests=["assert True"], timeout=60, isolation="namespaces")
 """
 
 
+@needs_namespaces
 def test_sandbox_dies_with_a_worker_killed_mid_call(tmp_path):
     # The killed worker cannot delete its scratch directory: keep it under tmp_path.
     env = {**os.environ, "TMPDIR": str(tmp_path)}
@@ -193,7 +194,7 @@ def test_sandbox_dies_with_a_worker_killed_mid_call(tmp_path):
     try:
         outer = int(worker.stdout.readline())
         deadline = time.monotonic() + HANG
-        while not (box := code._children(outer)):  # the box is the waiting process's one child
+        while not (box := keeper.children(outer)):  # the box is the waiting process's one child
             assert alive(outer) and time.monotonic() < deadline, "the sandbox did not start"
             time.sleep(0.01)
         time.sleep(0.5)  # set up in milliseconds: the code sleeps now
@@ -244,11 +245,13 @@ LOCKED = ("import os\nos.makedirs('locked/inner')\nopen('locked/inner/x', 'w').w
           "os.chmod('locked/inner', 0)\nos.chmod('locked', 0)\n")
 
 
+@needs_namespaces
 def test_the_box_works_in_its_own_empty_tmp():
     # Only what the code made, and the path to a Python environment that lives under /tmp (a fresh clone's).
     body = LOCKED + ("import os, sys\nvenv = {sys.prefix.split('/')[2] if sys.prefix.startswith('/tmp/') else ''}\n"
                      "def where():\n    return os.getcwd(), os.environ['HOME'], sorted(set(os.listdir('.')) - venv)\n")
-    assert unit_tests("p", fenced(body), "", tests=["assert where() == ('/tmp', '/tmp', ['locked'])"]) == 1.0
+    assert unit_tests("p", fenced(body), "", tests=["assert where() == ('/tmp', '/tmp', ['locked'])"],
+                      isolation="namespaces") == 1.0
 
 
 def test_without_isolation_the_scratch_directory_is_the_working_directory_and_is_removed(scratch_root):

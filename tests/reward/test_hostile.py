@@ -6,11 +6,13 @@ network, gets past the resource limits, or forges a verdict. ``score == 0.0`` th
 failed. Each hostile case also checks from the host that nothing it aimed at changed (planted files,
 site-packages, the host's /tmp and /dev/shm, listening sockets, stray processes) and that the call ended in
 time. Every benign completion must score exactly 1.0, and after every case no ``areal_code_*`` scratch
-directory may be left in ``tempfile.gettempdir()``.
+directory may be left in ``tempfile.gettempdir()``. Every case runs in each box this machine can set up:
+the namespace box and the Landlock box (``tests/isolation.py``), with the same expectations.
 """
 
 import contextlib
 import os
+import resource
 import secrets
 import signal
 import socket
@@ -25,9 +27,7 @@ import pytest
 
 from areal_trainer.reward.code import unit_tests
 
-from ..isolation import needs_isolation
-
-pytestmark = needs_isolation
+from ..isolation import BOXES
 
 REPO = Path(__file__).resolve().parents[2]
 SLACK_S = 5.0  # start-up, kill and cleanup on a busy 2-core machine
@@ -82,7 +82,10 @@ class World:
             "shm_pwn": str(self.pwned["/dev/shm untouched"]), "env_secret": os.environ["AREAL_HOSTILE_SECRET"],
             "pid": pid, "trainer_environ": Path(f"/proc/{pid}/environ").read_bytes(),
             "trainer_cmdline": Path(f"/proc/{pid}/cmdline").read_bytes(), "port": self.listeners[0].getsockname()[1],
-            "unix_path": unix_path, "unix_abstract": abstract, "comm": self.comm.encode()}.items()}
+            "unix_path": unix_path, "unix_abstract": abstract, "comm": self.comm.encode(),
+            "nofile": resource.getrlimit(resource.RLIMIT_NOFILE), "nice": os.getpriority(os.PRIO_PROCESS, pid)}.items()}
+        self.secret = tmp_path / "secret.txt"
+        self.secret_mode = self.secret.stat().st_mode
 
     def format(self, text: str) -> str:
         return string.Template(text).substitute(self.values)
@@ -111,6 +114,7 @@ class World:
             time.sleep(0.05)
         intact = {name: not path.exists() for name, path in self.pwned.items()} | {
             "outbox empty": not any(self.outbox.iterdir()), "config.json unchanged": self.config.read_text() == CONFIG,
+            "secret.txt mode kept": self.secret.stat().st_mode == self.secret_mode,
             "COMPLETE kept": self.complete.exists(),
             "site-packages unchanged": not self.new_site(), "no connection arrived": not self.connections,
             "no process left": not self.strays()}
@@ -149,9 +153,15 @@ def world(tmp_path, monkeypatch):
     w.close()
 
 
-def score(completion: str, tests: list[str], timeout: float) -> tuple[float, float]:
+@pytest.fixture(params=BOXES)
+def isolation(request):
+    """Each case runs in each box this machine can set up."""
+    return request.param
+
+
+def score(completion: str, tests: list[str], timeout: float, isolation: str) -> tuple[float, float]:
     start = time.monotonic()
-    value = unit_tests("Write the function.", completion, None, tests=tests, timeout=timeout)
+    value = unit_tests("Write the function.", completion, None, tests=tests, timeout=timeout, isolation=isolation)
     return value, time.monotonic() - start
 
 
@@ -245,6 +255,17 @@ HOSTILE = [
         def g():
             return os.getppid() > 1 and ctypes.CDLL(None).kill(os.getppid(), 0) == 0""",
          ["assert f() == $trainer_cmdline", "assert g() is True"]),
+    # what reaches the trainer without opening /proc (it sets what the trainer has: only success counts)
+    case("prlimit-trainer", """\
+        import os, resource
+        def f():
+            return os.getpid() != $pid and resource.prlimit($pid, resource.RLIMIT_NOFILE, $nofile) == $nofile""",
+         IS_TRUE),
+    case("renice-trainer", """\
+        import os
+        def f():
+            return os.getpid() != $pid and os.setpriority(os.PRIO_PROCESS, $pid, $nice) is None""", IS_TRUE),
+    case("chmod-secret", "import os\ndef f():\n    os.chmod($secret, 0o644)\n    return True", IS_TRUE),
     # network
     case("tcp-connect-localhost", """\
         import socket
@@ -401,8 +422,8 @@ BENIGN = [
 
 
 @pytest.mark.parametrize(("completion", "tests", "timeout"), HOSTILE)
-def test_hostile_scores_zero(completion, tests, timeout, world):
-    value, elapsed = score(world.format(completion), [world.format(t) for t in tests], timeout)
+def test_hostile_scores_zero(completion, tests, timeout, world, isolation):
+    value, elapsed = score(world.format(completion), [world.format(t) for t in tests], timeout, isolation)
     broken = world.broken()
     assert value == 0.0
     assert broken == []
@@ -410,7 +431,7 @@ def test_hostile_scores_zero(completion, tests, timeout, world):
 
 
 @pytest.mark.parametrize(("completion", "tests", "timeout"), BENIGN)
-def test_benign_scores_one(completion, tests, timeout):
-    value, elapsed = score(completion, tests, timeout)
+def test_benign_scores_one(completion, tests, timeout, isolation):
+    value, elapsed = score(completion, tests, timeout, isolation)
     assert value == 1.0
     assert elapsed < timeout + SLACK_S

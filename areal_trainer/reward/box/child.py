@@ -3,14 +3,15 @@ judge's calls into it.
 
 :func:`areal_trainer.reward.code.run_tests` runs this file as ``sys.executable -I -B child.py <requests fd>
 <answers fd> <parent pid>`` in a fresh interpreter. It is a script of its own: it and the files it loads
-by path (``wire.py``, ``seccomp.py``, ``namespaces.py``) import only the standard library, so the box
-starts fast and holds nothing of the trainer (no torch, no package state). It reads the payload (the
-code, the limits, the isolation asked for) as the first request, then:
+by path (``wire.py``, ``seccomp.py``, ``namespaces.py``, ``landlock.py``) import only the standard
+library, so the box starts fast and holds nothing of the trainer (no torch, no package state). It reads
+the payload (the code, the limits, the isolation asked for) as the first request, then:
 
 1. asks the kernel to SIGKILL it when the process that started it dies;
-2. enters its namespaces (``namespaces.py``) unless ``isolation`` is ``off``;
+2. enters its box unless ``isolation`` is ``off``: its namespaces (``namespaces.py``), or where the
+   kernel refuses them (``auto``) or where asked (``landlock``), a Landlock domain (``landlock.py``);
 3. sets its limits, installs the seccomp filter and the Python-level blocks (``seccomp.py``);
-4. answers ``ready <what is in force>``, runs the code as module ``__solution__`` and answers ``loaded``
+4. answers ``ready`` with what is in force, runs the code as module ``__solution__`` and answers ``loaded``
    with the names it defined (plain values as they are, other objects as handles), or ``raised``;
 5. then serves requests (``call``, ``getattr``, ``getitem``, ...) on those handles until the judge closes
    the pipe. The tests themselves never enter the box: the judge runs them and only calls in.
@@ -60,17 +61,16 @@ def main(request_fd: int, answer_fd: int, parent_pid: int) -> None:
     machine = platform.machine().lower().replace("arm64", "aarch64").replace("amd64", "x86_64")
     try:
         seccomp.die_with_parent(parent_pid)
-        isolation = "off"
-        if payload["isolation"] != "off":
-            _load("namespaces").enter(machine)
-            isolation = "namespaces"
+        isolation, details = _isolate(payload["isolation"], machine)
         seccomp.set_limits(payload["memory_mb"], payload["cpu_s"])
-        filter_state = seccomp.install_seccomp()
+        filter_state = seccomp.install_seccomp(shared=isolation == "landlock")
+        if isolation == "landlock" and filter_state != "on":
+            raise OSError(f"the Landlock box needs its seccomp filter, which could not be installed ({filter_state})")
         seccomp.block_python_level()
     except Exception as e:  # noqa: BLE001 - reported: the judge raises instead of scoring 0.0
-        send({"setup-error": f"{type(e).__name__}: {e}".replace("\n", " ")})
+        send({"setup-error": _describe(e, 2000).replace("\n", " ")})
         os._exit(1)
-    send({"ready": isolation, "seccomp": filter_state})
+    send({"ready": isolation, "seccomp": filter_state, **details})
     namespace = {"__name__": "__solution__", "__builtins__": __builtins__}
     try:
         exec(compile(payload["code"], "<solution>", "exec"), namespace)
@@ -80,10 +80,39 @@ def main(request_fd: int, answer_fd: int, parent_pid: int) -> None:
     _serve(namespace, send, receive, wire)
 
 
-def _describe(e: BaseException) -> str:
-    """``Type: message``, at most 500 characters; an exception whose ``str`` raises too gets its type only."""
+class Refused(OSError):
+    """Neither box could be entered: its text names both refusals."""
+
+
+def _isolate(asked: str, machine: str) -> tuple[str, dict]:
+    """Enter the box asked for (``namespaces``, ``landlock``; ``auto``: namespaces where the kernel allows
+    them, else Landlock); what is in force and what the ``ready`` message adds (the Landlock ABI, why the
+    namespaces were refused). Raises the refusal, or :class:`Refused` naming both, before the code runs."""
+    if asked == "off":
+        return "off", {}
+    namespaces, refused = _load("namespaces"), None
+    if asked in ("auto", "namespaces"):
+        try:
+            namespaces.enter(machine)
+            return "namespaces", {}
+        except OSError as e:  # the kernel's refusal (IsolationError), or a refused write of the id maps
+            if asked == "namespaces":
+                raise
+            refused = _describe(e, 1000)
     try:
-        return f"{type(e).__name__}: {e}"[:500]
+        # The judge started the box in its scratch directory: private to this call, mode 0700.
+        abi = _load("landlock").enter(namespaces.shown_paths(), os.getcwd(), machine)
+    except OSError as e:
+        if refused is None:
+            raise
+        raise Refused(f"namespaces: {refused}; Landlock: {_describe(e, 1000)}") from None
+    return "landlock", {"landlock": abi, **({"namespaces": refused} if refused else {})}
+
+
+def _describe(e: BaseException, limit: int = 500) -> str:
+    """``Type: message``, at most ``limit`` characters; an exception whose ``str`` raises too gets its type only."""
+    try:
+        return f"{type(e).__name__}: {e}"[:limit]
     except BaseException:  # noqa: BLE001 - the code's own exception class may misbehave
         return type(e).__name__
 

@@ -7,7 +7,10 @@ blocks at the Python level (loaded by path by ``child.py``: standard library onl
   creating processes or threads, ``exec``, creating sockets and ``io_uring``; signalling, tracing or
   reading the memory of any other process; system administration (mounts, modules, reboot, clocks,
   namespaces, bpf, chroot); and undoing the parent-death signal. ``RLIMIT_NPROC`` alone is not enough:
-  the kernel does not apply it to root.
+  the kernel does not apply it to root. In the Landlock box, which shares the trainer's user, IPC and
+  PID namespaces, it also refuses what Landlock does not cover: changing modes, owners, times or
+  extended attributes of files; System V IPC, POSIX message queues, keyrings; priorities, scheduling
+  and resource limits of other processes; fanotify, inotify watches and file handles.
 * The Python-level entry points of the same things (``socket``, name lookups, ``os.fork``/``exec*``/
   ``spawn*``/``system``/``popen``/``kill``, ``subprocess``) raise ``PermissionError``: a clear error for
   the code, and a block where seccomp is unavailable.
@@ -77,13 +80,27 @@ _DENY = {
                   170, 112, 266, 171, 161, 162, 89, 428, 429, 430, 431, 432, 433, 442],
     },
 }
+# Refused in the Landlock box only (EPERM), where the code shares the trainer's user, IPC and PID
+# namespaces: what Landlock does not cover. Modes, owners, times and extended attributes of files;
+# System V IPC and POSIX message queues; keyrings; scheduling and priorities (setpriority reaches every
+# process of a user); fanotify, inotify watches, file handles.
+_DENY_WITHOUT_NAMESPACES = {
+    "x86_64": [90, 91, 268, 452, 92, 93, 94, 260, 188, 189, 190, 197, 198, 199, 463, 466, 132, 235, 261, 280,
+               29, 30, 31, 64, 65, 66, 67, 68, 69, 70, 71, 220, 240, 241, 242, 243, 244, 245, 248, 249, 250,
+               141, 142, 144, 203, 251, 314, 300, 301, 254, 303, 304],
+    "aarch64": [52, 53, 452, 54, 55, 5, 6, 7, 14, 15, 16, 463, 466, 88,
+                186, 187, 188, 189, 190, 191, 192, 193, 194, 195, 196, 197, 180, 181, 182, 183, 184, 185, 217, 218, 219,
+                140, 118, 119, 122, 30, 274, 262, 263, 27, 264, 265],
+}
+_PRLIMIT = {"x86_64": 302, "aarch64": 261}  # in the Landlock box: its own limits only (pid 0 or its own)
 _SELF_ONLY = {"x86_64": [62, 200, 234], "aarch64": [129, 130, 131]}  # kill, tkill, tgkill
 _PRCTL = {"x86_64": 157, "aarch64": 167}  # refused for PR_SET_PDEATHSIG (1): the code cannot undo it
 _AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 
 
-def _seccomp_program(machine: str, pid: int) -> list[tuple[int, int, int, int]]:
-    """The classic-BPF filter as ``(code, jt, jf, k)`` instructions (see ``_DENY``)."""
+def _seccomp_program(machine: str, pid: int, shared: bool = False) -> list[tuple[int, int, int, int]]:
+    """The classic-BPF filter as ``(code, jt, jf, k)`` instructions (see ``_DENY``); ``shared``: the box
+    shares the trainer's namespaces (the Landlock box), so ``_DENY_WITHOUT_NAMESPACES`` and ``_PRLIMIT`` too."""
     import errno
 
     ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_RET|K
@@ -94,6 +111,11 @@ def _seccomp_program(machine: str, pid: int) -> list[tuple[int, int, int, int]]:
     for name, numbers in _DENY[machine].items():
         for nr in numbers:
             prog += [(jeq, 0, 1, nr), (ret, 0, 0, err | getattr(errno, name))]
+    for nr in _DENY_WITHOUT_NAMESPACES[machine] if shared else []:
+        prog += [(jeq, 0, 1, nr), (ret, 0, 0, err | errno.EPERM)]
+    if shared:  # args[0] must be 0 or our pid
+        prog += [(jeq, 0, 5, _PRLIMIT[machine]), (ld, 0, 0, 16), (jeq, 2, 0, 0), (jeq, 1, 0, pid),
+                 (ret, 0, 0, err | errno.EPERM), (ld, 0, 0, 0)]
     for nr in _SELF_ONLY[machine]:
         # args[0] (low 32 bits) must be our pid; afterwards reload the syscall number.
         prog += [(jeq, 0, 4, nr), (ld, 0, 0, 16), (jeq, 0, 1, pid), (ret, 0, 0, allow),
@@ -103,8 +125,9 @@ def _seccomp_program(machine: str, pid: int) -> list[tuple[int, int, int, int]]:
     return prog + [(ret, 0, 0, allow)]
 
 
-def install_seccomp() -> str:
-    """Install the filter; ``on``, or why not (one word, for the report line)."""
+def install_seccomp(shared: bool = False) -> str:
+    """Install the filter (``shared``: see :func:`_seccomp_program`); ``on``, or why not (one word, for the
+    report line)."""
     machine = platform.machine().lower().replace("arm64", "aarch64").replace("amd64", "x86_64")
     if sys.platform != "linux" or machine not in _DENY:
         return f"unsupported-platform-{sys.platform}-{machine}"
@@ -118,7 +141,7 @@ def install_seccomp() -> str:
         class SockFprog(ctypes.Structure):
             _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(SockFilter))]
 
-        prog = _seccomp_program(machine, os.getpid())
+        prog = _seccomp_program(machine, os.getpid(), shared)
         filters = (SockFilter * len(prog))(*[SockFilter(*ins) for ins in prog])
         fprog = SockFprog(len(prog), filters)
         libc = ctypes.CDLL(None, use_errno=True)
