@@ -35,11 +35,13 @@ def bind_servers(cfg, problems: list[str], light: bool = False) -> EngineSpec | 
         if why:
             problems.append(f"actor.weight_update_mode=xccl: no collective backend works here ({why}); use "
                             "actor.weight_update_mode=disk.")
-    if a.weight_update_dir is not None:
-        parent = os.path.dirname(os.path.abspath(os.path.expanduser(a.weight_update_dir))) or "."
-        if not os.access(parent if not os.path.isdir(a.weight_update_dir) else a.weight_update_dir, os.W_OK):
-            problems.append(f"actor.weight_update_dir: {a.weight_update_dir!r} cannot be written here; choose a "
-                            "writable directory the servers can read (or null: the run directory).")
+    if a.weight_update_dir is not None and not light:
+        from ..rollout.servers.weights import unwritable
+
+        why = unwritable(os.path.expanduser(a.weight_update_dir))
+        if why:
+            problems.append(f"actor.weight_update_dir: {a.weight_update_dir!r} cannot be written here ({why}); "
+                            "choose a writable directory the servers can read (or null: the run directory).")
     if r.max_head_offpolicyness > 0 and r.offpolicy_mode == "lagged" and r.lagged_switch_prob > 0 and engine != "hf":
         problems.append(f"rollout.lagged_switch_prob > 0 needs servers that switch weights inside a generate call, "
                         f"which {engine} servers cannot; use rollout.backend=hf:d<N>p1t1 or lagged_switch_prob=0.")

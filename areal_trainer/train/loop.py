@@ -100,6 +100,9 @@ def train(t: Trainer) -> dict[str, float]:
                         + ", ".join(f"{k} {v}" for k, v in shown.items()))  # the bar's state, once per step
     finally:
         t.source.close()
+        close = getattr(t.rollout.engine, "close", None)  # e.g. the inference servers the run started
+        if callable(close):
+            close()
         for workflow in {id(w): w for w in (getattr(t.source, "workflow", None), t.eval_workflow)}.values():
             close = getattr(workflow, "close", None)  # e.g. an agent's HTTP endpoint
             if callable(close):

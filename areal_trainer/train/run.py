@@ -30,7 +30,7 @@ from ..data.datasets import build_samples, check_fits_batch
 from ..data.loader import PromptLoader
 from ..dist import init_distributed
 from ..errors import UserError
-from ..metrics import Mean, Sum, floats
+from ..metrics import Mean, Metric, Sum, floats
 from ..model.limits import RowLimit
 from ..model.load import load_positions, load_tokenizer, resolve_device
 from ..model.prefix import resolve_tree_training
@@ -38,6 +38,7 @@ from .models.build import build_critic, build_ref, check_critic_lora, ref_is_bas
 from .models.critic import CriticModel
 from .models.policy import PolicyModel, ReferenceModel
 from .models.teacher import NoReward, Teachers, check_teachers
+from .perf import ModelShape, peak_tflops, step_perf
 from .preflight import preflight
 from .sft import warm_start
 from .sources.build import build_rollout, rollout_mode
@@ -106,6 +107,8 @@ class Trainer:
         self.policy.colocated = rollout.colocated
         self.engine_samples_model = not components.rollout.engine.holds_own_weights
         self.total_steps = self.preflight.total_steps
+        self.shape = ModelShape.of(self.policy.model)
+        self.peak_tflops = peak_tflops(torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None)
         self.reference: ReferenceModel | None = None
         self.critic: CriticModel | None = None
         self.teachers: Teachers | None = None
@@ -179,12 +182,31 @@ class Trainer:
         process (with the learning rate, the step's time and throughput)."""
         t0 = time.time()
         result = train_step(ctx, self.version)
+        t_push = time.time()
         self.advance()
         self.consecutive_skips = self.consecutive_skips + 1 if result.all_skipped else 0
         took = time.time() - t0
         result.metrics.update({"lr": Mean(self.policy.scheduler.get_last_lr()[0]), "time/step": Mean(took),
+                               "time/weight_push": Mean(time.time() - t_push),
                                "perf/tokens_per_s": Sum(result.tokens / max(took, 1e-9))})
+        result.metrics.update(self.perf_metrics(result))
         return result, floats(self.dist.reduce_metrics(result.metrics))
+
+    def perf_metrics(self, result: StepResult) -> dict[str, Metric]:
+        """``perf/*`` of the step (``perf.py``), and what the rollout engine reports of itself (inference servers:
+        their requests, retries, failures and the weight update's seconds)."""
+        out: dict[str, Metric] = {}
+        if result.batch is not None:
+            b = result.batch
+            times = {k: float(v.value) for k, v in result.metrics.items() if k.startswith("time/")}
+            extra = int(self.components.plan.recompute) + int(self.reference is not None)
+            perf = step_perf(self.shape, tokens=result.tokens, rows=b.n_rows, sampled=float(b.loss_mask.sum()),
+                             times=times, extra_forwards=extra, peak=self.peak_tflops)
+            out.update({k: Mean(v) for k, v in perf.items()})
+        telemetry = getattr(self.rollout.engine, "telemetry", None)
+        if callable(telemetry):
+            out.update({k: (Mean(v) if k.startswith("perf/") else Sum(v)) for k, v in telemetry().items()})
+        return out
 
     # -- the policy version -----------------------------------------------------------------------------
     def push_weights(self) -> None:

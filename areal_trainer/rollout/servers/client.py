@@ -16,7 +16,7 @@ Faults. A piece whose request fails (refused, reset, ``rollout.request_timeout``
 another live server, up to ``rollout.request_retries`` times; the failed server is marked down and, when the trainer
 started it, restarted in the background and brought to the current weights before it serves again. A request the
 server refuses (4xx) is a bug of the request: it stops the run with the server's message. Counts are in
-:meth:`ServerEngine.take_stats` (``rollout/server_*``).
+:meth:`ServerEngine.telemetry` (``rollout/server_*``).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import httpx
 from ...errors import UserError
 from ..types import Generation
 from .protocol import gconfig_to_json, generation_from_json
+from .weights import Unreachable
 
 
 class ServerDown(Exception):
@@ -80,14 +81,17 @@ class ServerEngine:
             servers), or None.
         max_positions: the model's positions (``rollout/limits.py``), for the row limit.
         can_switch: whether the servers' engine can switch weights inside a generate call.
+        barrier: waits for every trainer process (after each update: only the main process pushes, and no process
+            samples with the old weights once an update returned).
     """
 
     def __init__(self, addresses: Sequence[str], *, pusher, seed: int, request_timeout: float, retries: int,
                  restart: Callable[[int], str | None] | None = None, max_positions: Any = None,
-                 can_switch: bool = False):
+                 can_switch: bool = False, barrier: Callable[[], None] = lambda: None):
         self.addresses = list(addresses)
         self.pusher, self.seed, self.timeout, self.retries = pusher, int(seed), float(request_timeout), int(retries)
         self.restart, self.max_positions, self.can_switch = restart, max_positions, can_switch
+        self.barrier = barrier
         self._version = 0
         self._calls = itertools.count()
         self._lock = threading.Lock()
@@ -124,12 +128,34 @@ class ServerEngine:
     def update_weights(self, model, version: int) -> None:
         """Push ``model``'s weights (a module, a state dict, or a stream of pairs) as policy ``version`` to every
         live server; raises :class:`UserError` naming the server when one cannot take them in time."""
+        try:
+            self._push(model, version)
+        finally:
+            self.barrier()
+
+    def _push(self, model, version: int) -> None:
         with self._lock:
             rejoin = set(self._restarted)
             live = [i for i in range(len(self.addresses)) if i not in self._down or i in rejoin]
-        if not live:
-            raise NoServerLeft(self._none_left())
-        self.pusher.push(model, int(version), [self.addresses[i] for i in live])
+        while True:  # a server found gone is marked down (and restarted); the others take the weights
+            if not live:
+                raise NoServerLeft(self._none_left())
+            try:
+                gone = self.pusher.push(model, int(version), [self.addresses[i] for i in live]) or []
+            except Unreachable as e:
+                gone, retry = e.addresses, True
+            else:
+                retry = False
+            lost = [i for i in live if self.addresses[i] in gone]
+            for i in lost:
+                with self._lock:
+                    self._stats["failures"] += 1
+                    self._restarted.discard(i)
+                    rejoin.discard(i)
+                self._mark_down(i)
+            live = [i for i in live if i not in lost]
+            if not retry:
+                break
         with self._lock:
             self._version = int(version)
             self._calls = itertools.count()
@@ -138,14 +164,19 @@ class ServerEngine:
 
     def schedule_update(self, after_tokens: int, model, version: int) -> None:
         live = [self.addresses[i] for i in range(len(self.addresses)) if i not in self._down]
-        self.pusher.schedule(model, int(version), int(after_tokens), live)
+        try:
+            self.pusher.schedule(model, int(version), int(after_tokens), live)
+        finally:
+            self.barrier()
 
-    def take_stats(self) -> dict[str, float]:
-        """The counts since the last call: requests, retries, failures, restarts, servers down now."""
+    def telemetry(self) -> dict[str, float]:
+        """What happened since the last call, as metrics: ``rollout/server_requests``, ``_retries``, ``_failures``,
+        ``_restarts``, ``rollout/servers_down`` (now) and ``perf/weight_update_s`` (the last update's seconds)."""
         with self._lock:
-            out = {k: float(v) for k, v in self._stats.items()}
+            out = {f"rollout/server_{k}": float(v) for k, v in self._stats.items()}
             self._stats = dict.fromkeys(self._stats, 0)
-            out["down"] = float(len(self._down))
+            out["rollout/servers_down"] = float(len(self._down))
+        out["perf/weight_update_s"] = float(getattr(self.pusher, "last_seconds", 0.0))
         return out
 
     def close(self) -> None:

@@ -19,7 +19,7 @@ from ..limits import positions_of
 from .client import ServerEngine
 from .fleet import FleetPlan, ServerFleet
 from .group import backend_for
-from .weights import DiskPusher, GroupPusher
+from .weights import DiskPusher, GroupPusher, unwritable
 
 
 @dataclass(frozen=True)
@@ -45,22 +45,17 @@ class ServerSettings:
 
 
 class _RankPusher:
-    """The main process pushes; every process waits at a barrier after each update."""
+    """The main process pushes; the others only wait for it (``ServerEngine.barrier`` after each update)."""
 
-    def __init__(self, inner, is_main: bool, barrier):
-        self.inner, self.is_main, self.barrier = inner, is_main, barrier
+    def __init__(self, inner, is_main: bool):
+        self.inner, self.is_main = inner, is_main
 
     def push(self, model, version, addresses):
-        try:
-            if self.is_main:
-                self.inner.push(model, version, addresses)
-        finally:
-            self.barrier()
+        return self.inner.push(model, version, addresses) if self.is_main else []
 
     def schedule(self, model, version, after, addresses):
         if self.is_main:
             self.inner.schedule(model, version, after, addresses)
-        self.barrier()
 
     def catch_up(self, address, version):
         if self.is_main:
@@ -124,7 +119,7 @@ def make_server_engine(model, tokenizer, *, device, seed, dtype, interruptible, 
         def restart(i: int) -> str:
             fleet.restart(i, s.setup_timeout)
             return fleet.addresses[i]
-    engine = ServerRollout(addresses, pusher=_RankPusher(inner, dist.is_main, dist.barrier), seed=seed,
+    engine = ServerRollout(addresses, pusher=_RankPusher(inner, dist.is_main), barrier=dist.barrier, seed=seed,
                            request_timeout=s.request_timeout, retries=s.retries, restart=restart,
                            max_positions=positions_of(model, tokenizer),
                            can_switch=s.engine == "hf" and s.weight_mode == "disk")
@@ -139,15 +134,10 @@ def make_server_engine(model, tokenizer, *, device, seed, dtype, interruptible, 
 
 
 def _check_dir(path: str) -> None:
-    try:
-        os.makedirs(path, exist_ok=True)
-        probe = os.path.join(path, ".probe")
-        with open(probe, "w") as f:
-            f.write("ok")
-        os.remove(probe)
-    except OSError as e:
-        raise UserError(f"actor.weight_update_dir: cannot write weight updates to {path} ({e}); set it to a "
-                        "writable directory the servers can read.") from None
+    why = unwritable(path)
+    if why:
+        raise UserError(f"actor.weight_update_dir: cannot write weight updates to {path} ({why}); set it to a "
+                        "writable directory the servers can read.")
 
 
 def server_spec(settings: ServerSettings) -> EngineSpec:

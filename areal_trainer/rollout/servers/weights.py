@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -33,6 +32,14 @@ class UpdateFailed(UserError):
     """A weight update did not reach every server in time."""
 
 
+class Unreachable(Exception):
+    """Servers that refused the connection (gone): the caller marks them down and updates the others."""
+
+    def __init__(self, addresses: Sequence[str]):
+        super().__init__(", ".join(addresses))
+        self.addresses = list(addresses)
+
+
 class _Pusher:
     mode = ""
 
@@ -43,23 +50,27 @@ class _Pusher:
         self.last_bytes = 0
         self.stage = ""
 
-    def _post_all(self, addresses: Sequence[str], route: str, body: dict, deadline: float) -> None:
-        """POST ``body`` to every server at once; raises :class:`UpdateFailed` naming the first that failed."""
-        def one(address: str) -> None:
+    def _post_all(self, addresses: Sequence[str], route: str, body: dict, deadline: float) -> list[str]:
+        """POST ``body`` to every server at once; the servers that refused the connection (gone). Raises
+        :class:`UpdateFailed` naming the first that took too long or answered with an error."""
+        def one(address: str) -> bool:
             left = max(0.1, deadline - time.time())
             try:
                 r = self.http.post(f"http://{address}{route}", json=body, timeout=left)
             except httpx.TimeoutException:
                 raise UpdateFailed(self._failed(address, f"no answer within actor.weight_update_timeout="
                                                          f"{self.timeout:g} s")) from None
+            except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError):
+                return False  # the server is gone (refused, or closed the connection without answering)
             except httpx.TransportError as e:
                 raise UpdateFailed(self._failed(address, f"{type(e).__name__}: {e}")) from None
             if r.status_code != 200:
                 raise UpdateFailed(self._failed(address, f"HTTP {r.status_code}: {r.text[:300]}"))
+            return True
 
         with ThreadPoolExecutor(max_workers=max(1, len(addresses))) as pool:
-            for f in [pool.submit(one, a) for a in addresses]:
-                f.result()
+            answered = [pool.submit(one, a) for a in addresses]
+            return [a for a, f in zip(addresses, answered) if not f.result()]
 
     def _failed(self, address: str, why: str) -> str:
         return (f"weight update (actor.weight_update_mode={self.mode}) to inference server {address} failed "
@@ -111,7 +122,8 @@ class DiskPusher(_Pusher):
         self.last_bytes = total
         return final
 
-    def push(self, model, version: int, addresses: Sequence[str]) -> None:
+    def push(self, model, version: int, addresses: Sequence[str]) -> list[str]:
+        """Write, then have every server load; the servers found gone (the others have the weights)."""
         t0 = time.time()
         deadline = t0 + self.timeout
         self.stage = f"while writing v{version} to {self.directory}"
@@ -122,11 +134,12 @@ class DiskPusher(_Pusher):
                                f"{e}; set actor.weight_update_dir to a writable directory the servers can read.") \
                 from None
         self.stage = f"after writing v{version} ({self.last_bytes / 2 ** 20:.1f} MiB in {time.time() - t0:.1f} s)"
-        self._post_all(addresses, "/update_weights/disk", {"path": path, "version": version}, deadline)
+        gone = self._post_all(addresses, "/update_weights/disk", {"path": path, "version": version}, deadline)
         previous, self.current = self.current, path
         if previous and previous != path:
             shutil.rmtree(previous, ignore_errors=True)
         self.last_seconds = time.time() - t0
+        return gone
 
     def schedule(self, model, version: int, after_tokens: int, addresses: Sequence[str]) -> None:
         path = self.write(model, f"scheduled-v{version}")
@@ -138,8 +151,22 @@ class DiskPusher(_Pusher):
         """Bring a restarted server to the current weights (the last version written)."""
         if self.current is not None:
             self.stage = f"while bringing a restarted server to v{version}"
-            self._post_all([address], "/update_weights/disk", {"path": self.current, "version": version},
-                           time.time() + self.timeout)
+            if self._post_all([address], "/update_weights/disk", {"path": self.current, "version": version},
+                              time.time() + self.timeout):
+                raise Unreachable([address])
+
+
+def unwritable(path: str) -> str | None:
+    """Why weight updates cannot be written under ``path`` (it is made if missing), or None."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        probe = os.path.join(path, f".probe-{os.getpid()}")
+        with open(probe, "w") as f:
+            f.write("ok")
+        os.remove(probe)
+    except OSError as e:
+        return f"{type(e).__name__}: {e.strerror or e}"
+    return None
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -174,16 +201,23 @@ class GroupPusher(_Pusher):
             try:
                 self.group = WeightGroup(host=self.host, port=port, rank=0, world_size=len(addresses) + 1,
                                          backend=self.backend, timeout=max(1.0, deadline - time.time()), group=name)
-            except Exception as e:  # noqa: BLE001 - a server that did not join: name it below if it said why
+            except Exception as e:  # noqa: BLE001 - a server that did not join: gone, or it said why
+                gone = [a for f in joins if f.done() and f.exception() is None for a in f.result()]
+                if gone:
+                    raise Unreachable(gone) from None
                 for f in joins:
                     if f.done() and f.exception() is not None:
                         raise f.exception() from None
                 raise UpdateFailed(self._failed(", ".join(addresses), f"{type(e).__name__}: {e}")) from None
-            for f in joins:
-                f.result()
+            gone = [a for f in joins for a in f.result()]
+            if gone:
+                self.group = None
+                raise Unreachable(gone)
         self.members = tuple(addresses)
 
-    def push(self, model, version: int, addresses: Sequence[str]) -> None:
+    def push(self, model, version: int, addresses: Sequence[str]) -> list[str]:
+        """Send to every server; raises :class:`Unreachable` when one is gone (the caller forms the group again
+        without it), :class:`UpdateFailed` when one is too slow or fails."""
         t0 = time.time()
         deadline = t0 + self.timeout
         if self.group is None or tuple(addresses) != self.members:
@@ -194,7 +228,6 @@ class GroupPusher(_Pusher):
         buckets = plan_buckets(metas, self.bucket_bytes)
         body = {"version": version, "tensors": [[m.name, list(m.shape), m.dtype] for m in metas], "buckets": buckets}
         self.stage = f"while sending v{version} (0 of {len(buckets)} buckets)"
-        sent = threading.Event()
         with ThreadPoolExecutor(max_workers=len(addresses)) as pool:
             loads = [pool.submit(self._post_all, [a], "/update_weights/group", body, deadline) for a in addresses]
 
@@ -203,18 +236,24 @@ class GroupPusher(_Pusher):
 
             try:
                 self.group.send((t for _, t in pairs), buckets, progress)
-                sent.set()
             except Exception as e:  # noqa: BLE001 - a peer gone or too slow: the group is unusable now
                 self.group = None
+                gone = [a for f in loads if f.done() and f.exception() is None for a in f.result()]
+                if gone:
+                    raise Unreachable(gone) from None
                 raise UpdateFailed(self._failed(", ".join(addresses), f"{type(e).__name__}: {e}")) from None
             done, _ = wait(loads, timeout=max(0.1, deadline - time.time()))
             for f in loads:
                 if f not in done:
                     raise UpdateFailed(self._failed(addresses[loads.index(f)], "it had the weights but did not "
                                                     "confirm loading them in time"))
-                f.result()
+            gone = [a for f in loads for a in f.result()]
+        if gone:
+            self.group = None
+            raise Unreachable(gone)
         self.last_bytes = sum(m.nbytes for m in metas)
         self.last_seconds = time.time() - t0
+        return []
 
     def schedule(self, model, version: int, after_tokens: int, addresses: Sequence[str]) -> None:
         raise UserError("rollout.lagged_switch_prob > 0 with inference servers needs actor.weight_update_mode=disk.")

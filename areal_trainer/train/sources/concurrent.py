@@ -177,6 +177,7 @@ class AsyncSource:
         wall = max(sum(spent.values()), 1e-9)
         metrics.update({
             "time/rollout_wait": Max(time.monotonic() - t0), "rollout/buffered_groups": Sum(float(buffered)),
+            "time/generation": Mean(spent["both"] + spent["producer"]),
             "rollout/overlap_frac": Mean(spent["both"] / wall),
             "rollout/trainer_idle_frac": Mean((spent["producer"] + spent["neither"]) / wall),
             "rollout/generator_idle_frac": Mean((spent["trainer"] + spent["neither"]) / wall),
