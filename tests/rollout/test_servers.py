@@ -166,3 +166,43 @@ def test_a_weight_group_broadcasts_buckets_to_a_receiver():
     t.join(30)
     assert set(got) == set(sent) and all(torch.equal(got[k], v) for k, v in sent.items())
     assert len(buckets) > 1
+
+
+def test_a_stuck_update_fails_in_its_time_naming_the_server_the_mode_and_the_stage(tiny, tmp_path):
+    """A server that takes the request and never answers: the update stops after actor.weight_update_timeout."""
+    import http.server
+    import time
+
+    release = threading.Event()
+
+    class Stuck(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - the standard library's name
+            release.wait(30)
+
+        def log_message(self, *args):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Stuck)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    address = f"127.0.0.1:{srv.server_address[1]}"
+    pusher = DiskPusher(str(tmp_path), timeout=1.5)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(Exception) as err:
+            pusher.push(tiny[1], 7, [address])
+    finally:
+        release.set()
+        srv.shutdown()
+    assert time.monotonic() - t0 < 15
+    msg = str(err.value)
+    assert msg.startswith(f"weight update (actor.weight_update_mode=disk) to inference server {address} failed after "
+                          "writing v7 (")
+    assert "no answer within actor.weight_update_timeout=1.5 s" in msg
+
+
+def test_a_gone_server_is_reported_not_raised(tiny, tmp_path):
+    """A refused connection during an update means the server is gone: the pusher says which, the caller marks it
+    down (and restarts it) while the others keep the weights."""
+    pusher = DiskPusher(str(tmp_path), timeout=10)
+    gone = f"127.0.0.1:{free_port()}"
+    assert pusher.push(tiny[1], 1, [gone]) == [gone]
