@@ -73,8 +73,15 @@ class RolloutConfig(Checked):
     agent_export: str = "individual"
     """Rows of an agent episode: ``individual`` (each model call is a row) or ``concat`` (calls whose prompt
     extends the previous call's prompt and output exactly share one row)."""
-    turn_discount: float = 1.0
-    """Per-call rewards are discounted backwards: each call adds this factor times the next call's reward."""
+    chat_template_type: str = "hf"
+    """How an agent's call becomes prompt ids (AReaL's key): ``hf`` renders its messages whole with the chat
+    template; ``concat`` continues the earlier call it extends (its messages, its answer, new messages) with
+    that call's exact ids and the template's tokens for the new messages only, so nothing is re-tokenized
+    and ``agent_export=concat`` never falls back (``rollout/agents/template.py``)."""
+    turn_discount: float | None = None
+    """Per-call rewards are discounted backwards: each call adds this factor times the next call's reward
+    (AReaL's ``turn_discount``), in (0, 1]. Also the multi-turn workflow's discount. null: 1 (no discount),
+    except ``MultiTurnWorkflow``'s own default 0.9."""
     agent_batching: str = "episodes"
     """When the episodes' requests are sampled: ``episodes`` (default) waits until every episode in flight
     has sent its next request (or ended), then samples them together, so which requests share a
@@ -111,6 +118,7 @@ class RolloutConfig(Checked):
 
     def _check_agent(self, key: str) -> list[str]:
         p = one_of(f"{key}.agent_export", self.agent_export, ("individual", "concat"))
+        p += one_of(f"{key}.chat_template_type", self.chat_template_type, ("hf", "concat"))
         p += one_of(f"{key}.agent_batching", self.agent_batching, ("episodes", "eager"))
         if self.agent_batch_wait is not None and not (is_number(self.agent_batch_wait) and self.agent_batch_wait > 0):
             p.append(f"{key}.agent_batch_wait: got {self.agent_batch_wait!r}; must be > 0 seconds, "
@@ -119,8 +127,8 @@ class RolloutConfig(Checked):
         p += integer_at_least(f"{key}.agent_max_choices", self.agent_max_choices, 1)
         if self.agent_timeout is not None and not (is_number(self.agent_timeout) and self.agent_timeout > 0):
             p.append(f"{key}.agent_timeout: got {self.agent_timeout!r}; must be > 0 seconds, or null for no limit.")
-        if not (is_number(self.turn_discount) and 0 < self.turn_discount <= 1):
-            p.append(f"{key}.turn_discount: got {self.turn_discount!r}; must be in (0, 1] (1: no discount).")
+        if self.turn_discount is not None and not (is_number(self.turn_discount) and 0 < self.turn_discount <= 1):
+            p.append(f"{key}.turn_discount: got {self.turn_discount!r}; must be in (0, 1] (1: no discount), or null.")
         if self.agent is not None and self.workflow != DEFAULT_WORKFLOW:
             p.append(f"{key}.agent={self.agent!r} and {key}.workflow={self.workflow!r} both say how episodes run; "
                      f"set only one (drop {key}.workflow to run the agent, or {key}.agent=null to run the workflow).")

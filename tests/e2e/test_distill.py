@@ -108,7 +108,7 @@ def test_async_run_with_a_teacher_scores_what_it_trains(tmp_path, teacher):
 
 
 @pytest.mark.parametrize("rollout", [
-    ["rollout.workflow=areal_trainer.rollout.workflows.multi_turn.MultiTurnWorkflow", "actor.gae_timestep_unit=turn"],
+    ["rollout.workflow=areal_trainer.rollout.agents.multi_turn.MultiTurnWorkflow", "actor.gae_timestep_unit=turn"],
     ["rollout.agent=tests.agents.simple.try_again", "rollout.agent_export=individual"],
 ], ids=["multi_turn_workflow", "agent"])
 def test_multi_turn_rows_and_agents_with_a_teacher_score_only_trained_tokens(tmp_path, teacher, rollout):

@@ -5,7 +5,7 @@ import os
 
 from .helpers import ROOT, cli
 
-WORKFLOW = "rollout.workflow=areal_trainer.rollout.workflows.multi_turn.MultiTurnWorkflow"
+WORKFLOW = "rollout.workflow=areal_trainer.rollout.agents.multi_turn.MultiTurnWorkflow"
 EXAMPLE_DIR = os.path.join(ROOT, "examples", "multi_turn")
 
 
@@ -40,7 +40,7 @@ def test_multiturn_turn_gae_estimator_dynamic_lambda(tmp_path):
 def test_example_config_composes(tmp_path):
     out = cli(["--config-dir", EXAMPLE_DIR, "--config-name", "multi_turn", "rollout.workflow_kwargs.max_turns=3",
                "--cfg", "job"], cwd=tmp_path).stdout
-    assert "workflow: areal_trainer.rollout.workflows.multi_turn.MultiTurnWorkflow" in out
+    assert "workflow: areal_trainer.rollout.agents.multi_turn.MultiTurnWorkflow" in out
     assert "max_turns: 3" in out and "turn_discount: 0.9" in out
     assert "gae_timestep_unit: turn" in out and "relative_position_gae_lambda" in out and "q: 0.5" in out
 

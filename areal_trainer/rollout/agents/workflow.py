@@ -44,6 +44,7 @@ from .episodes import EpisodeRows, Outcome
 from .loop import EpisodeLoop, LoopBlocked
 from .session import EpisodeSession
 from .spec import AgentSpec
+from .template import CHAT_TEMPLATE_TYPES
 from .tool_parsers import get_parser
 
 _UNSPELLABLE: set[str] = set()
@@ -64,6 +65,7 @@ class AgentWorkflow:
         agent: the resolved agent (:func:`load_agent`).
         timeout: seconds an episode may take (None: no limit).
         export: ``individual`` or ``concat`` (``trajectory.py``).
+        chat_template_type: ``hf`` or ``concat``: how a call's messages become prompt ids (``template.py``).
         turn_discount: the per-call discount of later rewards, in (0, 1].
         tool_call_parser: the parser's name or import path.
         max_concurrent: most episodes in flight at once (None: all of a call).
@@ -80,11 +82,16 @@ class AgentWorkflow:
     """
 
     def __init__(self, *, engine, tokenizer, reward, agent: AgentSpec, timeout: float | None = None,
-                 export: str = "individual", turn_discount: float = 1.0, tool_call_parser: str = "hermes",
+                 export: str = "individual", chat_template_type: str = "hf", turn_discount: float = 1.0,
+                 tool_call_parser: str = "hermes",
                  max_concurrent: int | None = None, batching: str = "episodes", batch_wait: float | None = 30.0,
                  max_calls: int = 64, max_choices: int = 16, block_notice: float = 10.0, server=None):
         if batching not in BATCHING:
             raise UserError(f"rollout.agent_batching: got {batching!r}; must be one of {', '.join(BATCHING)}.")
+        if chat_template_type not in CHAT_TEMPLATE_TYPES:
+            raise UserError(f"rollout.chat_template_type: got {chat_template_type!r}; must be one of "
+                            f"{', '.join(CHAT_TEMPLATE_TYPES)}.")
+        self.chat_template_type = chat_template_type
         self.engine, self.tokenizer, self.reward, self.agent = engine, tokenizer, reward, agent
         self.timeout, self.max_calls, self.max_choices = timeout, max_calls, max_choices
         self.parser = get_parser(tool_call_parser)
@@ -172,7 +179,8 @@ class AgentWorkflow:
 
     async def _run_episode(self, index: int, sample: dict, batcher: GenerationBatcher, gconfig: Any) -> Outcome:
         session = EpisodeSession(episode=index, tokenizer=self.tokenizer, batcher=batcher, gconfig=gconfig,
-                                 parser=self.parser, max_calls=self.max_calls, max_choices=self.max_choices)
+                                 parser=self.parser, max_calls=self.max_calls, max_choices=self.max_choices,
+                                 chat_template_type=self.chat_template_type)
         key = None
         try:
             async with asyncio.timeout(self.timeout) as deadline:

@@ -69,10 +69,10 @@ def first_answer(row: dict) -> list[int]:
 def compare(name: str, tok, trainer, samples, args) -> None:
     import torch
 
+    from areal_trainer.rollout.agents.multi_turn import MultiTurnWorkflow
     from areal_trainer.rollout.agents.spec import load_agent
     from areal_trainer.rollout.agents.workflow import AgentWorkflow
     from areal_trainer.rollout.engines.hf import HFEngine
-    from areal_trainer.rollout.workflows.multi_turn import MultiTurnWorkflow
 
     engine = HFEngine(trainer.policy.model, tok, device=trainer.device)
     g = trainer.cfg.gconfig
