@@ -17,7 +17,8 @@ requests are sampled together (``engines/batcher.py``). An episode that takes lo
 more than ``reward.max_error_fraction`` of a rollout call's episodes raised, the run stops with the
 agent's name and one example. Timeouts never stop the run.
 
-Rows. ``episodes.py`` turns each prompt's episodes into its group, and ``trajectory.py`` each episode's
+Rows. A call's messages become its prompt ids as ``rollout.chat_template_type`` says (``template.py``).
+``episodes.py`` turns each prompt's episodes into its group, and ``trajectory.py`` each episode's
 recorded calls into rows (``rollout.agent_export``) with discounted per-call rewards
 (``rollout.turn_discount``). A group carries its rows episode by episode
 with each episode's row count and reward (``TrajectoryGroup.episode_rows``/``episode_rewards``), so
