@@ -15,8 +15,9 @@ text, and is counted.
 
 Sampling. The request's ``temperature`` (0 is greedy), ``top_p``, ``max_tokens`` and ``stop`` override
 ``gconfig``; ``max_tokens`` never exceeds ``gconfig.max_new_tokens``, and prompt plus answer stay within
-the row limit (``rollout/limits.py``). A prompt with no room for an answer gets ``finish_reason: "length"`` and
-no content, and nothing is sampled or trained.
+the row limit (``rollout/limits.py``; an engine's answer beyond its budget is cut, as workflows cut it).
+A prompt with no room for an answer gets ``finish_reason: "length"`` and no content, and nothing is
+sampled or trained.
 """
 
 from __future__ import annotations
