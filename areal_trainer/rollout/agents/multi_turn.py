@@ -58,7 +58,7 @@ from ..types import TrajectoryGroup
 from .loop import EpisodeLoop
 from .requests import parse_chat_request
 from .session import EpisodeSession
-from .template import segment_text
+from .template import Renderer, segment_text
 from .tool_parsers import get_parser
 from .trajectory import discounted_rewards, export_rows
 
@@ -165,10 +165,12 @@ class MultiTurnWorkflow:
         total, ended = len(samples) * g, [0]
         batcher = GenerationBatcher(self.engine, episodes=lambda: total - ended[0])
         scorer = Rendezvous(self._score, episodes=lambda: total - ended[0])
+        renderer = Renderer(self.tokenizer)  # a prompt's episodes render its prompt and feedback once
 
         async def run(index: int, sample: dict) -> Episode:
             session = EpisodeSession(episode=index, tokenizer=self.tokenizer, batcher=batcher, gconfig=gconfig,
-                                     parser=self.parser, max_calls=self.max_turns, chat_template_type="concat")
+                                     parser=self.parser, max_calls=self.max_turns, chat_template_type="concat",
+                                     renderer=renderer)
             try:
                 return await self.episode(sample, session, scorer, gconfig)
             finally:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...dtypes import fits_float32
-from ...model.chat import template_message, unknown_pieces
+from ...model.chat import template_message
 from ..engines.batcher import GenerationBatcher
 from ..limits import capped, engine_positions, row_tokens
 from .openai_types import (
@@ -42,7 +42,7 @@ from .openai_types import (
     new_completion_id,
 )
 from .requests import ChatRequest, RequestError
-from .template import CHAT_TEMPLATE_TYPES, RenderedCall, extend, render_text
+from .template import CHAT_TEMPLATE_TYPES, RenderedCall, Renderer, extend
 from .tool_parsers import ToolCallParser
 from .tools import Tool, arun_tool, tool_from_function, tool_from_openai
 
@@ -98,16 +98,18 @@ class EpisodeSession:
         max_calls: the most calls of the episode (``rollout.agent_max_calls``); one more is refused with 429.
         max_choices: the largest ``n`` of one request (``rollout.agent_max_choices``); a larger one: 400.
         chat_template_type: ``hf`` or ``concat`` (``rollout.chat_template_type``, ``template.py``).
+        renderer: the rollout call's shared renders (None: the session's own).
     """
 
     def __init__(self, *, episode: int, tokenizer, batcher: GenerationBatcher, gconfig: Any,
                  parser: ToolCallParser, model_name: str = "policy", max_calls: int = 64, max_choices: int = 16,
-                 chat_template_type: str = "hf"):
+                 chat_template_type: str = "hf", renderer: Renderer | None = None):
         if chat_template_type not in CHAT_TEMPLATE_TYPES:
             raise ValueError(f"chat_template_type {chat_template_type!r}; one of {CHAT_TEMPLATE_TYPES}")
         self.episode, self.tokenizer, self.batcher, self.gconfig = episode, tokenizer, batcher, gconfig
         self.parser, self.model_name, self.max_calls, self.max_choices = parser, model_name, max_calls, max_choices
         self.concat = chat_template_type == "concat"
+        self.renderer = renderer if renderer is not None else Renderer(tokenizer)
         self.rendered: list[RenderedCall] = []
         """With ``concat``: the episode's sampled calls, as later calls may continue them."""
         self._asked: tuple | None = None
@@ -130,7 +132,7 @@ class EpisodeSession:
         self.counters.chat_template_fallbacks += self.concat and bool(self.rendered) and not extended
         unk = getattr(self.tokenizer, "unk_token_id", None)
         if unk is not None and unk in ids:  # the built-in word-level tokenizers: words they do not know
-            self.unknown_words.update(unknown_pieces(self.tokenizer, text))
+            self.unknown_words.update(self.renderer.unknown_words(text))
             self.tool_names.update(t["function"]["name"] for t in request.tools)
         return ids
 
@@ -141,16 +143,16 @@ class EpisodeSession:
         if self._asked is not None and self._asked[0] is request and self._asked[1] == len(self.rendered):
             return self._asked[2]  # rendered already, with the same calls to continue
         messages = [template_message(m.to_dict()) for m in request.messages]
-        ext = extend(self.tokenizer, self.rendered, messages, request.tools) if self.concat else None
+        ext = extend(self.renderer, self.rendered, messages, request.tools) if self.concat else None
         if ext is not None:
             found = ext.prompt_ids, ext.text, True
         else:
             try:
-                text = render_text(self.tokenizer, messages, request.tools)
+                ids, text = self.renderer.whole(messages, request.tools)
             except Exception as e:  # noqa: BLE001 - a template that cannot render the messages is a bad request
                 raise RequestError(400, f"the chat template cannot render these messages: {type(e).__name__}: {e}",
                                    param="messages") from e
-            found = self.tokenizer(text, add_special_tokens=False).input_ids, text, False
+            found = list(ids), text, False
         self._asked = (request, len(self.rendered), found)
         return found
 

@@ -21,6 +21,9 @@ the model stopped with another token (the built-in tokenizer stops with ``<eos>`
 ``<|im_end|>``), the ids keep the model's stop token after the answer and then the template's end of
 turn. A truncated answer (no stop token) is followed by the whole segment. A template that does not
 render the placeholder verbatim exactly once has no segment: the call is rendered as in ``hf``.
+
+A :class:`Renderer` renders and tokenizes each distinct conversation once for all the sessions of a rollout
+call that share it (a prompt's episodes all start from the same messages, and hear the same feedback).
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from typing import Any
+
+from ...model.chat import unknown_pieces
 
 CHAT_TEMPLATE_TYPES = ("hf", "concat")
 PLACEHOLDER = "\x00assistant-answer\x00"
@@ -77,6 +82,42 @@ def _calls(message: Any) -> list[tuple[str, Any]]:
     return out
 
 
+class Renderer:
+    """The template's renders and their ids, each distinct one made once (shared by a rollout call's sessions).
+    What it returns is shared too: callers copy before they change it."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self._memo: dict[str, Any] = {}
+
+    def _once(self, key: tuple, make):
+        k = json.dumps(key, sort_keys=True, default=repr)
+        if k not in self._memo:
+            self._memo[k] = make()  # a render that raises is not kept: it raises again
+        return self._memo[k]
+
+    def ids(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False).input_ids
+
+    def whole(self, messages: list[dict], tools: list[dict]) -> tuple[list[int], str]:
+        """The ids and text of ``messages`` and ``tools`` rendered whole with the generation prompt (``hf``)."""
+        def make():
+            text = render_text(self.tokenizer, messages, tools)
+            return self.ids(text), text
+        return self._once(("whole", messages, tools), make)
+
+    def segment(self, before: list[dict], after: list[dict], tools: list[dict]) -> tuple[list[int], str] | None:
+        """The ids and text of :func:`segment_text` (None: the template has no segment)."""
+        def make():
+            text = segment_text(self.tokenizer, before, after, tools)
+            return None if text is None else (self.ids(text), text)
+        return self._once(("segment", before, after, tools), make)
+
+    def unknown_words(self, text: str) -> list[str]:
+        """The words of ``text`` that the tokenizer cannot spell (``model/chat.py::unknown_pieces``)."""
+        return self._once(("unknown", text), lambda: unknown_pieces(self.tokenizer, text))
+
+
 @dataclass
 class Answer:
     """One answer of a call: what the agent got back (to recognise it in a later call's messages) and the
@@ -117,7 +158,8 @@ class Extension:
     segment_ids: list[int]
 
 
-def extend(tokenizer, calls: list[RenderedCall], messages: list[dict], tools: list[dict]) -> Extension | None:
+def extend(renderer: Renderer, calls: list[RenderedCall], messages: list[dict], tools: list[dict]
+           ) -> Extension | None:
     """The ``concat`` prompt of a call with ``messages`` and ``tools``: the newest earlier call it extends
     (with one of that call's answers next), continued by the segment; None when it extends none (or the
     template has no segment)."""
@@ -128,10 +170,10 @@ def extend(tokenizer, calls: list[RenderedCall], messages: list[dict], tools: li
         answer = next((a for a in call.answers if a.is_message(messages[n])), None)
         if answer is None:
             continue
-        text = segment_text(tokenizer, call.messages, messages[n + 1:], tools)
-        if text is None:
+        found = renderer.segment(call.messages, messages[n + 1:], tools)
+        if found is None:
             return None
-        segment = tokenizer(text, add_special_tokens=False).input_ids
+        segment, text = found
         ids = call.prompt_ids + answer.output_ids + joined(segment, answer.output_ids, answer.truncated)
         return Extension(ids, text, segment)
     return None

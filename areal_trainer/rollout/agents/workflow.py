@@ -45,7 +45,7 @@ from .episodes import EpisodeRows, Outcome
 from .loop import EpisodeLoop, LoopBlocked
 from .session import EpisodeSession
 from .spec import AgentSpec
-from .template import CHAT_TEMPLATE_TYPES
+from .template import CHAT_TEMPLATE_TYPES, Renderer
 from .tool_parsers import get_parser
 
 _UNSPELLABLE: set[str] = set()
@@ -157,8 +157,15 @@ class AgentWorkflow:
             ended[0] += 1
             batcher.wake()
 
+        renderer = Renderer(self.tokenizer)  # a prompt's episodes render the same messages: once for the call
+
+        def session(index: int) -> EpisodeSession:
+            return EpisodeSession(episode=index, tokenizer=self.tokenizer, batcher=batcher, gconfig=gconfig,
+                                  parser=self.parser, max_calls=self.max_calls, max_choices=self.max_choices,
+                                  chat_template_type=self.chat_template_type, renderer=renderer)
+
         try:
-            outcomes = await asyncio.gather(*(self._episode(i * g + j, samples[i], batcher, gconfig, limit, end)
+            outcomes = await asyncio.gather(*(self._episode(session(i * g + j), samples[i], limit, end)
                                               for i in range(len(samples)) for j in range(g)))
         finally:
             await batcher.close()
@@ -170,18 +177,15 @@ class AgentWorkflow:
             groups[0].stats["agent/batch_wait_timeouts"] = Sum(float(batcher.forced))
         return groups
 
-    async def _episode(self, index: int, sample: dict, batcher: GenerationBatcher, gconfig: Any,
-                       limit: asyncio.Semaphore, end: Callable[[], None]) -> Outcome:
+    async def _episode(self, session: EpisodeSession, sample: dict, limit: asyncio.Semaphore,
+                       end: Callable[[], None]) -> Outcome:
         async with limit:
             try:
-                return await self._run_episode(index, sample, batcher, gconfig)
+                return await self._run_episode(session, sample)
             finally:
                 end()
 
-    async def _run_episode(self, index: int, sample: dict, batcher: GenerationBatcher, gconfig: Any) -> Outcome:
-        session = EpisodeSession(episode=index, tokenizer=self.tokenizer, batcher=batcher, gconfig=gconfig,
-                                 parser=self.parser, max_calls=self.max_calls, max_choices=self.max_choices,
-                                 chat_template_type=self.chat_template_type)
+    async def _run_episode(self, session: EpisodeSession, sample: dict) -> Outcome:
         key = None
         try:
             async with asyncio.timeout(self.timeout) as deadline:
