@@ -1,7 +1,8 @@
-"""Module paths that moved in the rollout/ and train/ split, importable under their old names for one
-release: a config's plugin path (``rollout.workflow=areal_trainer.rollout.multiturn.MultiTurnWorkflow``),
-a user's ``from areal_trainer.rollout.agent_client import ...`` and a pickle that names an old module all
-get the module at its new path, with one :class:`MovedModuleWarning` naming that path.
+"""Module paths that moved (in the rollout/ and train/ split; the multi-turn workflow into the agents),
+importable under their old names for one release: a config's plugin path
+(``rollout.workflow=areal_trainer.rollout.workflows.multi_turn.MultiTurnWorkflow``), a user's
+``from areal_trainer.rollout.agent_client import ...`` and a pickle that names an old module all get the
+module at its new path, with one :class:`MovedModuleWarning` naming that path.
 
 The old name is an alias, not a copy: ``sys.modules`` holds the one module under both names, so its
 classes and functions are the same objects whichever name imported them.
@@ -35,7 +36,8 @@ MOVED = {_P + old: _P + new for old, new in {
     "rollout.episodes": "rollout.agents.episodes",
     "rollout.trajectory": "rollout.agents.trajectory",
     "rollout.workflow": "rollout.workflows.single_turn",
-    "rollout.multiturn": "rollout.workflows.multi_turn",
+    "rollout.multiturn": "rollout.agents.multi_turn",
+    "rollout.workflows.multi_turn": "rollout.agents.multi_turn",
     "rollout.batch": "rollout.rows",
     "train.policy_model": "train.models.policy",
     "train.critic_model": "train.models.critic",

@@ -162,6 +162,12 @@ def digit_share_reward(prompt: str, completion: str, answer: str) -> float:
     return sum(c.isdigit() for c in completion) / max(len(completion), 1)
 
 
+def length_thirds_reward(prompt: str, completion: str, answer: str) -> float:
+    """0, 0.5 or 1 by the completion's length modulo 3: an untrained model's answers get each, so multi-turn
+    episodes end at different turns, and a discounted 0.5 is not a power of the discount."""
+    return (len(completion) % 3) / 2
+
+
 def reject_all(group) -> bool:
     """A dynamic filter that accepts no group: with dynamic_bs every step has nothing to train on."""
     return False

@@ -29,7 +29,7 @@ def test_every_old_path_is_the_new_module(old):
 def test_an_old_path_warns_once_naming_the_new_one():
     code = ("import warnings; warnings.simplefilter('default')\n"
             "from areal_trainer.rollout.multiturn import MultiTurnWorkflow\n"
-            "from areal_trainer.rollout.workflows.multi_turn import MultiTurnWorkflow as New\n"
+            "from areal_trainer.rollout.agents.multi_turn import MultiTurnWorkflow as New\n"
             "assert MultiTurnWorkflow is New\n"
             "import areal_trainer.rollout.multiturn\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -37,7 +37,7 @@ def test_an_old_path_warns_once_naming_the_new_one():
     lines = [x for x in proc.stderr.splitlines() if "MovedModuleWarning" in x]
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith("<string>:2: "), lines[0]  # the importing line, not the import system
-    assert "areal_trainer.rollout.multiturn is now areal_trainer.rollout.workflows.multi_turn" in lines[0]
+    assert "areal_trainer.rollout.multiturn is now areal_trainer.rollout.agents.multi_turn" in lines[0]
 
 
 @pytest.mark.parametrize("old", sorted(MOVED_NAMES))
@@ -50,11 +50,16 @@ def test_names_that_left_their_module_are_found_under_the_old_path(old):
     assert got is getattr(importlib.import_module(new_mod), new_name)
 
 
-def test_a_config_naming_an_old_plugin_path_runs_it_with_the_warning(monkeypatch):
-    monkeypatch.delitem(sys.modules, "areal_trainer.rollout.multiturn", raising=False)  # imported by another test
+@pytest.mark.parametrize("old", ["areal_trainer.rollout.multiturn", "areal_trainer.rollout.workflows.multi_turn"])
+def test_a_config_naming_an_old_plugin_path_runs_it_with_the_warning(monkeypatch, old):
+    monkeypatch.delitem(sys.modules, old, raising=False)  # imported by another test
     from areal_trainer.components import load
-    from areal_trainer.rollout.workflows.multi_turn import MultiTurnWorkflow
+    from areal_trainer.rollout.agents.multi_turn import MultiTurnWorkflow
 
-    with pytest.warns(MovedModuleWarning, match="rollout.workflows.multi_turn"):
-        components = load("grpo", ["rollout.workflow=areal_trainer.rollout.multiturn.MultiTurnWorkflow"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        components = load("grpo", [f"rollout.workflow={old}.MultiTurnWorkflow"])
+    moved = [str(w.message) for w in caught if issubclass(w.category, MovedModuleWarning)]
+    assert moved == [f"{old} is now areal_trainer.rollout.agents.multi_turn; the old path is an alias that goes in "
+                     "the next release."]
     assert components.rollout.workflow is MultiTurnWorkflow

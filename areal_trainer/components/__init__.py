@@ -94,7 +94,7 @@ def problems_and_build(cfg: TrainerConfig, *, light: bool = False) -> tuple[list
     problems, warns = collect(cfg, light=light)
     reward = bind_reward(cfg.reward, problems, light=light)
     verifier = bind_verifier(cfg, reward, problems)
-    rollout = bind_rollout(cfg, problems, light=light)
+    rollout = bind_rollout(cfg, problems, light=light, warns=warns)
     if not light:
         from .advantage import bind_advantage
         from .loss import bind_policy_loss, policy_plan

@@ -1,5 +1,10 @@
 """Binding ``rollout.*`` once: the engine from the registry (with the rules its capabilities imply), the
-workflow class (or the agent, run by the agent workflow), and the dynamic filter."""
+workflow class (or the agent, run by the agent workflow), and the dynamic filter.
+
+``rollout.turn_discount`` is the one discount key: the agent workflow's per-call discount (null: 1), and
+handed to a workflow class that takes ``turn_discount`` (``MultiTurnWorkflow``; null: the class's own
+default). ``rollout.workflow_kwargs.turn_discount``, its old place, still works for such a class, with a
+warning naming the key; both set to different values is an error."""
 
 from __future__ import annotations
 
@@ -27,12 +32,16 @@ class RolloutParts:
     workflow: type
     workflow_kwargs: dict[str, Any] = field(default_factory=dict)
     accept: Callable | None = None
+    turn_discount: float = 1.0
+    """The per-call discount of the agent's rewards (``rollout.turn_discount``, null: 1), which held-out
+    evaluation undoes to judge an agent episode's own reward."""
 
 
-def bind_rollout(cfg, problems: list[str], *, light: bool = False) -> RolloutParts | None:
+def bind_rollout(cfg, problems: list[str], *, light: bool = False, warns: list[str] | None = None
+                 ) -> RolloutParts | None:
     """The rollout's parts; every problem is appended to ``problems`` (None when there were any, and with
-    ``light``). ``light``: without resolving the workflow or filter when it is one of this package's own,
-    whose modules import torch (a user's path is resolved: its imports are the user's)."""
+    ``light``), every warning to ``warns``. ``light``: without resolving the workflow or filter when it is one
+    of this package's own, whose modules import torch (a user's path is resolved: its imports are the user's)."""
     r = cfg.rollout
     n = len(problems)
     engine = _engine(cfg, problems, light)
@@ -41,7 +50,8 @@ def bind_rollout(cfg, problems: list[str], *, light: bool = False) -> RolloutPar
     elif light and _own(r.workflow):
         workflow, workflow_kwargs = None, {}
     else:
-        workflow, workflow_kwargs = _workflow(r.workflow, r.workflow_kwargs, problems), dict(r.workflow_kwargs)
+        workflow = _workflow(r.workflow, r.workflow_kwargs, problems)
+        workflow_kwargs = _discount_kwarg(workflow, r, problems, [] if warns is None else warns)
     accept = None
     if r.dynamic_filter is not None and not (light and _own(r.dynamic_filter)):
         try:
@@ -51,7 +61,7 @@ def bind_rollout(cfg, problems: list[str], *, light: bool = False) -> RolloutPar
     if len(problems) > n or light:
         return None
     kwargs = dict(r.vllm_kwargs) if engine.extra_kwargs_key == "rollout.vllm_kwargs" else {}
-    return RolloutParts(engine, kwargs, workflow, workflow_kwargs, accept)
+    return RolloutParts(engine, kwargs, workflow, workflow_kwargs, accept, _agent_discount(r))
 
 
 def _engine(cfg, problems: list[str], light: bool = False) -> EngineSpec | None:
@@ -101,7 +111,8 @@ def _agent(cfg, problems: list[str], light: bool = False) -> tuple[type | None, 
     from ..rollout.agents.workflow import AgentWorkflow
 
     return AgentWorkflow, dict(agent=spec, timeout=r.agent_timeout, export=r.agent_export,
-                               turn_discount=r.turn_discount, tool_call_parser=r.tool_call_parser,
+                               chat_template_type=r.chat_template_type, turn_discount=_agent_discount(r),
+                               tool_call_parser=r.tool_call_parser,
                                batching=r.agent_batching, batch_wait=r.agent_batch_wait,
                                max_calls=r.agent_max_calls, max_choices=r.agent_max_choices,
                                max_concurrent=None if r.max_concurrent_rollouts is None
@@ -129,3 +140,32 @@ def _workflow(path: str, kwargs: dict, problems: list[str]) -> type | None:
                         f"{inspect.signature(fn)}.")
         return None
     return cls
+
+
+def _agent_discount(r) -> float:
+    return 1.0 if r.turn_discount is None else float(r.turn_discount)
+
+
+def _discount_kwarg(cls: type | None, r, problems: list[str], warns: list[str]) -> dict[str, Any]:
+    """``rollout.workflow_kwargs`` with ``rollout.turn_discount`` for a workflow class that takes
+    ``turn_discount`` (see the module docstring)."""
+    kwargs = dict(r.workflow_kwargs)
+    try:
+        takes = cls is not None and "turn_discount" in inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        takes = False
+    if not takes:
+        return kwargs
+    if "turn_discount" not in kwargs:
+        if r.turn_discount is not None:
+            kwargs["turn_discount"] = r.turn_discount
+        return kwargs
+    old = kwargs["turn_discount"]
+    if r.turn_discount is not None and old != r.turn_discount:
+        problems.append(f"rollout.workflow_kwargs.turn_discount={old!r} and rollout.turn_discount={r.turn_discount!r} "
+                        "differ; rollout.turn_discount is the one discount key: drop "
+                        "rollout.workflow_kwargs.turn_discount.")
+    else:
+        warns.append(f"rollout.workflow_kwargs.turn_discount is now rollout.turn_discount; set rollout.turn_discount: "
+                     f"{old!r} and drop rollout.workflow_kwargs.turn_discount (the old place goes in a later release).")
+    return kwargs

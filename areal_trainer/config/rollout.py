@@ -87,8 +87,15 @@ class RolloutConfig(Checked):
     agent_export: str = "individual"
     """Rows of an agent episode: ``individual`` (each model call is a row) or ``concat`` (calls whose prompt
     extends the previous call's prompt and output exactly share one row)."""
-    turn_discount: float = 1.0
-    """Per-call rewards are discounted backwards: each call adds this factor times the next call's reward."""
+    chat_template_type: str = "hf"
+    """How an agent's call becomes prompt ids (AReaL's key): ``hf`` renders its messages whole with the chat
+    template; ``concat`` continues the earlier call it extends (its messages, its answer, new messages) with
+    that call's exact ids and the template's tokens for the new messages only, so nothing is re-tokenized
+    and ``agent_export=concat`` never falls back (``rollout/agents/template.py``)."""
+    turn_discount: float | None = None
+    """Per-call rewards are discounted backwards: each call adds this factor times the next call's reward
+    (AReaL's ``turn_discount``), in (0, 1]. Also the multi-turn workflow's discount. null: 1 (no discount),
+    except ``MultiTurnWorkflow``'s own default 0.9."""
     agent_batching: str = "episodes"
     """When the episodes' requests are sampled: ``episodes`` (default) waits until every episode in flight
     has sent its next request (or ended), then samples them together, so which requests share a
@@ -125,6 +132,7 @@ class RolloutConfig(Checked):
 
     def _check_agent(self, key: str) -> list[str]:
         p = one_of(f"{key}.agent_export", self.agent_export, AGENT_EXPORTS)
+        p += one_of(f"{key}.chat_template_type", self.chat_template_type, ("hf", "concat"))
         p += one_of(f"{key}.agent_batching", self.agent_batching, AGENT_BATCHING)
         p += number_in(f"{key}.agent_batch_wait", self.agent_batch_wait, 0, open_low=True, unit="seconds",
                        nullable=True, note="null: no limit")
@@ -132,7 +140,8 @@ class RolloutConfig(Checked):
         p += integer_at_least(f"{key}.agent_max_choices", self.agent_max_choices, 1)
         p += number_in(f"{key}.agent_timeout", self.agent_timeout, 0, open_low=True, unit="seconds", nullable=True,
                        note="null: no limit")
-        p += number_in(f"{key}.turn_discount", self.turn_discount, 0, 1, open_low=True, note="1: no discount")
+        p += number_in(f"{key}.turn_discount", self.turn_discount, 0, 1, open_low=True, nullable=True,
+                       note="1: no discount; null: the workflow's own default")
         if self.agent is not None and self.workflow != DEFAULT_WORKFLOW:
             p.append(f"{key}.agent={self.agent!r} and {key}.workflow={self.workflow!r} both say how episodes run; "
                      f"set only one (drop {key}.workflow to run the agent, or {key}.agent=null to run the workflow).")

@@ -9,4 +9,4 @@ Engines import neither workflows nor agents; workflows do not import agents.
 
 from ..moved import install
 
-install()  # old module paths (areal_trainer.rollout.multiturn, ...) stay importable for a release
+install()  # old module paths (areal_trainer.rollout.workflows.multi_turn, ...) stay importable for a release

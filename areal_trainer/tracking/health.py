@@ -82,7 +82,9 @@ CONCAT = Signal(
     "agent calls whose prompt did not extend their row (agent/concat_fallbacks)",
     "The agent's conversation no longer re-renders to the sampled tokens (rollout.agent_export=concat): "
     "the policy writes text the chat template renders differently, or the agent edits its messages. "
-    "Look at samples.jsonl; such calls are trained as rows of their own.")
+    "Look at samples.jsonl; such calls are trained as rows of their own. rollout.chat_template_type=concat "
+    "continues the sampled ids instead of re-rendering them (agent/chat_template_fallbacks counts the calls "
+    "that edit their history).")
 DRIFTS = (TOOL_PARSE, TRUNCATION, CONCAT)
 ENTROPY = Signal("entropy", _mean("actor/entropy"), "the policy's entropy (actor/entropy)",
                  "The policy has become nearly deterministic and explores little: check the learning rate, "

@@ -148,8 +148,8 @@ def evaluate_policy(t: Trainer) -> dict[str, float]:
     groups: list | None = [] if t.teachers is not None and problem is None else None  # kept for the teachers
     with fsdp.gathered(t.policy.model):
         out = evaluate(t.eval_workflow, mine, t.cfg.eval_gconfig, t.components.valid_dataset.batch_size,
-                       examples=examples, verifier=t.components.verifier, turn_discount=t.cfg.rollout.turn_discount,
-                       keep=groups)
+                       examples=examples, verifier=t.components.verifier,
+                       turn_discount=t.components.rollout.turn_discount, keep=groups)
     if groups is not None:
         out.update(reverse_kl(t.policy, t.teachers, groups, samples=mine, step=t.step, device=t.device))
     out["time/eval"] = Mean(time.time() - t0)

@@ -2,6 +2,7 @@
 
 import glob
 import os
+import warnings
 
 import pytest
 
@@ -211,16 +212,18 @@ def test_null_sections_are_filled_only_where_hydra_applies_overrides():
 
 def test_agent_problems_are_all_reported_before_anything_loads():
     text = "\n".join(_problems(["rollout.agent=tests.agents.simple.nope", "rollout.tool_call_parser=qwen_xml",
-                                "rollout.agent_export=merged", "rollout.agent_timeout=0", "rollout.turn_discount=1.5"]))
+                                "rollout.agent_export=merged", "rollout.agent_timeout=0", "rollout.turn_discount=1.5",
+                                "rollout.chat_template_type=jinja"]))
     assert "rollout.agent: module 'tests.agents.simple' has no attribute 'nope'" in text
     assert "rollout.tool_call_parser" in text and "'qwen_xml'" in text and "hermes" in text
     assert "rollout.agent_export" in text and "'merged'" in text
     assert "rollout.agent_timeout: got 0" in text and "rollout.turn_discount: got 1.5" in text
+    assert "rollout.chat_template_type" in text and "'jinja'" in text and "concat" in text
     text = "\n".join(_problems(["rollout.agent=tests.rollout.test_agent.no_client"]))
     assert ("rollout.agent: 'tests.rollout.test_agent.no_client' takes (data); it must take data and either "
             "client" in text)
     text = "\n".join(_problems(["rollout.agent=tests.agents.simple.try_again",
-                                "rollout.workflow=areal_trainer.rollout.workflows.multi_turn.MultiTurnWorkflow"]))
+                                "rollout.workflow=areal_trainer.rollout.agents.multi_turn.MultiTurnWorkflow"]))
     assert "rollout.agent='tests.agents.simple.try_again' and rollout.workflow=" in text and "set only one" in text
 
 
@@ -235,6 +238,48 @@ def test_an_agent_binds_to_the_agent_workflow_with_its_settings():
     kw = parts.workflow_kwargs
     assert kw["agent"].kwargs == {"calls": 3} and kw["agent"].style == "client" and kw["agent"].is_class
     assert (kw["export"], kw["turn_discount"], kw["timeout"], kw["tool_call_parser"]) == ("concat", 0.9, 30.0, "hermes")
+    assert kw["chat_template_type"] == "hf" and parts.turn_discount == 0.9
+    parts = load("grpo", ["rollout.agent=tests.agents.simple.SlowAgent", "rollout.chat_template_type=concat"]).rollout
+    assert parts.workflow_kwargs["chat_template_type"] == "concat"
+    assert parts.workflow_kwargs["turn_discount"] == parts.turn_discount == 1.0  # null: no discount
+
+
+MULTI_TURN = "rollout.workflow=areal_trainer.rollout.agents.multi_turn.MultiTurnWorkflow"
+
+
+@pytest.mark.parametrize("overrides, handed", [
+    ([], None),  # null: the class's own default (0.9)
+    (["rollout.turn_discount=0.8"], 0.8),
+    (["+rollout.workflow_kwargs.turn_discount=0.7"], 0.7),  # the old place, with a warning
+    (["+rollout.workflow_kwargs.turn_discount=0.7", "rollout.turn_discount=0.7"], 0.7),
+])
+def test_the_multi_turn_workflow_takes_the_one_discount_key(overrides, handed):
+    from areal_trainer.components import load
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        parts = load("grpo", [MULTI_TURN, *overrides]).rollout
+    assert parts.workflow_kwargs.get("turn_discount") == handed
+    old_place = [str(w.message) for w in caught if "workflow_kwargs.turn_discount" in str(w.message)]
+    if any("workflow_kwargs" in o for o in overrides):
+        assert old_place == ["rollout.workflow_kwargs.turn_discount is now rollout.turn_discount; set "
+                             "rollout.turn_discount: 0.7 and drop rollout.workflow_kwargs.turn_discount (the old "
+                             "place goes in a later release)."]
+    else:
+        assert old_place == []
+
+
+def test_two_different_discounts_are_an_error():
+    (text,) = [p for p in _problems([MULTI_TURN, "+rollout.workflow_kwargs.turn_discount=0.7",
+                                     "rollout.turn_discount=0.9"]) if "turn_discount" in p]
+    assert text == ("rollout.workflow_kwargs.turn_discount=0.7 and rollout.turn_discount=0.9 differ; "
+                    "rollout.turn_discount is the one discount key: drop rollout.workflow_kwargs.turn_discount.")
+
+
+def test_a_workflow_without_turn_discount_gets_none_of_it():
+    from areal_trainer.components import load
+
+    assert "turn_discount" not in load("grpo", ["rollout.turn_discount=0.8"]).rollout.workflow_kwargs
 
 
 def test_the_kwargs_of_a_list_of_reward_functions_name_the_functions():

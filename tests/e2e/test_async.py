@@ -82,7 +82,7 @@ def test_a_reward_that_hangs_in_the_trainer_process_stops_the_run_naming_where_i
 
 def test_multi_turn_workflow_runs_asynchronously(tmp_path):
     cli(["--config-name", "grpo", "+scale=tiny", "rollout.max_head_offpolicyness=1", "total_train_steps=4",
-         "rollout.workflow=areal_trainer.rollout.workflows.multi_turn.MultiTurnWorkflow",
+         "rollout.workflow=areal_trainer.rollout.agents.multi_turn.MultiTurnWorkflow",
          "actor.gae_timestep_unit=turn", "trial_name=mt"], cwd=tmp_path)
     records = step_records(tmp_path / "outputs" / "grpo" / "mt")
     assert sorted(records) == [1, 2, 3, 4]

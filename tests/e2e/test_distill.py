@@ -108,7 +108,7 @@ def test_async_run_with_a_teacher_scores_what_it_trains(tmp_path, teacher):
 
 
 @pytest.mark.parametrize("rollout", [
-    ["rollout.workflow=areal_trainer.rollout.workflows.multi_turn.MultiTurnWorkflow", "actor.gae_timestep_unit=turn"],
+    ["rollout.workflow=areal_trainer.rollout.agents.multi_turn.MultiTurnWorkflow", "actor.gae_timestep_unit=turn"],
     ["rollout.agent=tests.agents.simple.try_again", "rollout.agent_export=individual"],
 ], ids=["multi_turn_workflow", "agent"])
 def test_multi_turn_rows_and_agents_with_a_teacher_score_only_trained_tokens(tmp_path, teacher, rollout):
@@ -120,7 +120,7 @@ def test_multi_turn_rows_and_agents_with_a_teacher_score_only_trained_tokens(tmp
     assert sorted(records) == [1, 2]
     for r in records.values():
         assert r["distill/n_valid_tokens"] == r["actor/n_valid_tokens"] > 0 and "reward/task" in r
-    if "agent" in rollout[0]:
+    if rollout[0].startswith("rollout.agent="):
         assert max(r["rollout/rows"] for r in records.values()) > 4  # some episodes made a second call
     else:
         assert max(r["rollout/num_turns"] for r in records.values()) > 1  # some rows hold feedback

@@ -1,4 +1,5 @@
-"""The multi-turn workflow through the real command line: turn-level GAE runs end to end."""
+"""The multi-turn workflow through the real command line: turn-level GAE runs end to end, and a config of
+the old form (the workflow's old path, the discount in its kwargs) still runs, with one warning for each."""
 
 import json
 import os
@@ -7,7 +8,8 @@ import pytest
 
 from .helpers import ROOT, cli
 
-WORKFLOW = "rollout.workflow=areal_trainer.rollout.workflows.multi_turn.MultiTurnWorkflow"
+WORKFLOW = "rollout.workflow=areal_trainer.rollout.agents.multi_turn.MultiTurnWorkflow"
+OLD_WORKFLOW = "rollout.workflow=areal_trainer.rollout.workflows.multi_turn.MultiTurnWorkflow"
 EXAMPLE_DIR = os.path.join(ROOT, "examples", "multi_turn")
 
 
@@ -31,19 +33,25 @@ def test_multiturn_turn_unit(tmp_path):
     assert "held-out accuracy" in proc.stdout
 
 
-def test_multiturn_turn_gae_estimator_dynamic_lambda(tmp_path):
-    cli(["--config-name", "grpo", "+scale=tiny", WORKFLOW, "actor.advantage.estimator.implementation=turn_gae",
-         "actor.gae_lambda=areal_trainer.advantage.lambda_fn.relative_position_gae_lambda",
-         "+actor.gae_lambda_kwargs={q: 0.5}", "+rollout.workflow_kwargs={max_turns: 3, turn_discount: 0.8}",
-         "trial_name=mt"], cwd=tmp_path)
+def test_multiturn_turn_gae_estimator_dynamic_lambda_from_a_config_of_the_old_form(tmp_path):
+    proc = cli(["--config-name", "grpo", "+scale=tiny", OLD_WORKFLOW,
+                "actor.advantage.estimator.implementation=turn_gae",
+                "actor.gae_lambda=areal_trainer.advantage.lambda_fn.relative_position_gae_lambda",
+                "+actor.gae_lambda_kwargs={q: 0.5}", "+rollout.workflow_kwargs={max_turns: 3, turn_discount: 0.8}",
+                "trial_name=mt"], cwd=tmp_path)
     _check_run(tmp_path / "outputs" / "grpo" / "mt", max_turns=3)
+    moved = [x for x in proc.stderr.splitlines() if "MovedModuleWarning" in x]
+    assert len(moved) == 1 and ("areal_trainer.rollout.workflows.multi_turn is now "
+                                "areal_trainer.rollout.agents.multi_turn") in moved[0]
+    old_key = [x for x in proc.stderr.splitlines() if "rollout.workflow_kwargs.turn_discount is now" in x]
+    assert len(old_key) == 1 and "set rollout.turn_discount: 0.8" in old_key[0]
 
 
 def test_example_config_composes(tmp_path):
     out = cli(["--config-dir", EXAMPLE_DIR, "--config-name", "multi_turn", "rollout.workflow_kwargs.max_turns=3",
                "--cfg", "job"], cwd=tmp_path).stdout
-    assert "workflow: areal_trainer.rollout.workflows.multi_turn.MultiTurnWorkflow" in out
-    assert "max_turns: 3" in out and "turn_discount: 0.9" in out
+    assert "workflow: areal_trainer.rollout.agents.multi_turn.MultiTurnWorkflow" in out
+    assert "max_turns: 3" in out and "turn_discount: 0.9" in out and "chat_template_type: hf" in out
     assert "gae_timestep_unit: turn" in out and "relative_position_gae_lambda" in out and "q: 0.5" in out
 
 

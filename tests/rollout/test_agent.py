@@ -71,7 +71,7 @@ def _workflow(engine, tok, agent, **kw):
 async def two_turns(data, *, client):
     messages = list(data["messages"])
     for _ in range(2):
-        r = await client.chat.completions.create(model="gpt-4o", messages=messages, max_tokens=6)
+        r = await client.chat.completions.create(model="gpt-4o", messages=messages, max_tokens=8)  # THOUGHT: 7
         messages += [{"role": "assistant", "content": r.choices[0].message.content},
                      {"role": "user", "content": "again"}]
     return 1.0

@@ -14,12 +14,12 @@ import torch
 from areal_trainer.config.sampling import GenerationHyperparameters
 from areal_trainer.errors import UserError
 from areal_trainer.model.builtin import build_model
+from areal_trainer.rollout.agents.multi_turn import MultiTurnWorkflow
 from areal_trainer.rollout.engines.hf import HFEngine
 from areal_trainer.rollout.engines.vllm import VLLMEngine
 from areal_trainer.rollout.engines.weights import WeightGate
 from areal_trainer.rollout.limits import capped, new_token_caps, positions_of
 from areal_trainer.rollout.types import Generation
-from areal_trainer.rollout.workflows.multi_turn import MultiTurnWorkflow
 from areal_trainer.rollout.workflows.single_turn import RLVRWorkflow, prompt_ids
 from tests.groups import reward_service
 

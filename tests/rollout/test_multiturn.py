@@ -1,4 +1,5 @@
-"""MultiTurnWorkflow: scripted episodes checked token by token against the turn_ids contract."""
+"""MultiTurnWorkflow (the try-again agent on the episode session): scripted episodes checked token by token
+against the turn_ids contract."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from areal_trainer.components import load
 from areal_trainer.config.schema import GenerationHyperparameters
 from areal_trainer.errors import UserError
 from areal_trainer.model.builtin import build_tokenizer
+from areal_trainer.rollout.agents.multi_turn import DEFAULT_FEEDBACK, MultiTurnWorkflow
+from areal_trainer.rollout.agents.template import joined, segment_text
 from areal_trainer.rollout.engines.hf import Generation
 from areal_trainer.rollout.rows import concat_rows
-from areal_trainer.rollout.workflows.multi_turn import DEFAULT_FEEDBACK, MultiTurnWorkflow
 from areal_trainer.rollout.workflows.single_turn import prompt_ids
 from tests.groups import reward_service
 
@@ -57,6 +59,11 @@ def gcfg(n=1, **kw):
 
 def ids_of(tok, text):
     return tok(text, add_special_tokens=False).input_ids
+
+
+def feedback_ids(tok) -> list[int]:
+    """The template's tokens after an answer to SAMPLE: the end of its turn, the feedback, the next opening."""
+    return ids_of(tok, segment_text(tok, SAMPLE["messages"], [{"role": "user", "content": DEFAULT_FEEDBACK}], []))
 
 
 def check_contract(group: dict) -> None:
@@ -176,12 +183,14 @@ def test_all_wrong_stops_at_max_turns(tok):
     assert int(group["input_ids"][0, -1]) == tok.eos_token_id  # the row ends with the last answer
 
 
-def test_negative_reward_is_not_discounted(tok):
+def test_negative_reward_is_discounted_backwards_as_every_agents(tok):
+    """One rule for agents and this workflow (AReaL's ``turn_discount``): the last call's -1 reaches the first
+    call, the row's, as 0.5 * -1. (The workflow before it was an agent kept a non-positive reward as is.)"""
     wf = MultiTurnWorkflow(engine=ScriptedEngine(tok, [WRONG, WRONG]), tokenizer=tok,
                            reward=reward_service("tests.plugins.minus_one"),
                            max_turns=2, turn_discount=0.5)
     (group,) = wf.rollout([SAMPLE], gcfg())
-    assert group["rewards"].tolist() == [-1.0] and group["num_turns"].tolist() == [2.0]
+    assert group["rewards"].tolist() == [-0.5] and group["num_turns"].tolist() == [2.0]
 
 
 def test_truncated_last_turn(tok):
@@ -198,7 +207,7 @@ def test_truncated_first_turn_gets_the_full_feedback(tok):
     wf = MultiTurnWorkflow(engine=engine, tokenizer=tok, reward=reward_runner(), max_turns=2)
     (group,) = wf.rollout([SAMPLE], gcfg())
     prompt = prompt_ids(tok, SAMPLE["messages"])
-    feedback = wf.feedback_ids(SAMPLE["messages"])
+    feedback = feedback_ids(tok)
     out0 = ids_of(tok, "3 + 4 =")
     assert group["input_ids"][0].tolist() == prompt + out0 + feedback + ids_of(tok, RIGHT) + [tok.eos_token_id]
     assert group["is_truncated"].tolist() == [False] and group["num_turns"].tolist() == [2.0]
@@ -210,7 +219,7 @@ def test_max_tokens_ends_the_episode(tok):
     out0 = ids_of(tok, WRONG) + [tok.eos_token_id]
     engine = ScriptedEngine(tok, [WRONG, RIGHT])
     wf = MultiTurnWorkflow(engine=engine, tokenizer=tok, reward=reward_runner(), max_turns=2)
-    feedback = wf.joined_feedback(wf.feedback_ids(SAMPLE["messages"]), out0, False)
+    feedback = joined(feedback_ids(tok), out0, False)
     limit = len(prompt) + len(out0) + len(feedback) + 16
     (group,) = wf.rollout([SAMPLE], gcfg(max_tokens=limit - 1))
     assert len(engine.calls) == 1 and group["num_turns"].tolist() == [1.0] and group["rewards"].tolist() == [0.0]

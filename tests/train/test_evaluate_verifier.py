@@ -18,7 +18,7 @@ from areal_trainer.reward.code import unit_tests
 from areal_trainer.reward.functions import RewardFunction
 from areal_trainer.reward.math import gsm8k_reward_fn
 from areal_trainer.reward.service import FunctionReward, RewardService
-from areal_trainer.rollout.workflows.multi_turn import MultiTurnWorkflow
+from areal_trainer.rollout.agents.multi_turn import MultiTurnWorkflow
 from areal_trainer.rollout.workflows.single_turn import RLVRWorkflow
 from areal_trainer.train.evaluate import UNREAD, accuracy, evaluate, finish, undiscounted_episode_rewards
 from tests.groups import make_group, reward_service

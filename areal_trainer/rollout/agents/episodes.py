@@ -201,4 +201,5 @@ def counters(outcomes: list[Outcome]) -> dict[str, Sum]:
         "agent/truncated": Sum(float(sum(x.truncated for x in c))),
         "agent/bad_requests": Sum(float(sum(x.bad_requests for x in c))),
         "agent/concat_fallbacks": Sum(0.0),
+        "agent/chat_template_fallbacks": Sum(float(sum(x.chat_template_fallbacks for x in c))),
     }

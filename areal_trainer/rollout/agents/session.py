@@ -2,11 +2,12 @@
 
 :class:`EpisodeSession` serves one episode's chat requests (it is the ``ChatHandler`` the HTTP
 endpoint routes an episode's key to, and what the in-process clients call). A request's messages and
-tools are rendered by the tokenizer's chat template, the prompt ids are sampled by the rollout engine
-through the shared :class:`~areal_trainer.rollout.engines.batcher.GenerationBatcher`, and the sampled text is
-parsed for tool calls by the run's tool-call parser. Each choice is recorded as a :class:`CallRecord`
-with the exact prompt ids, output ids, behaviour log-probs and per-token policy versions: training
-rows are built from these records only, never from re-tokenized text.
+tools are rendered by the tokenizer's chat template (``rollout.chat_template_type``: ``hf`` renders every
+call whole; ``concat`` continues an earlier call's exact ids, ``template.py``), the prompt ids are sampled
+by the rollout engine through the shared :class:`~areal_trainer.rollout.engines.batcher.GenerationBatcher`,
+and the sampled text is parsed for tool calls by the run's tool-call parser. Each choice is recorded as a
+:class:`CallRecord` with the exact prompt ids, output ids, behaviour log-probs and per-token policy
+versions: training rows are built from these records only, never from re-tokenized text.
 
 The clients an agent holds (``client.py``) call :meth:`EpisodeSession.create` for each chat
 completion and :meth:`EpisodeSession.call_tool` for each tool call; a tool that raises returns its error
@@ -14,8 +15,9 @@ text, and is counted.
 
 Sampling. The request's ``temperature`` (0 is greedy), ``top_p``, ``max_tokens`` and ``stop`` override
 ``gconfig``; ``max_tokens`` never exceeds ``gconfig.max_new_tokens``, and prompt plus answer stay within
-the row limit (``rollout/limits.py``). A prompt with no room for an answer gets ``finish_reason: "length"`` and
-no content, and nothing is sampled or trained.
+the row limit (``rollout/limits.py``; an engine's answer beyond its budget is cut, as workflows cut it).
+A prompt with no room for an answer gets ``finish_reason: "length"`` and no content, and nothing is
+sampled or trained.
 """
 
 from __future__ import annotations
@@ -27,9 +29,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...dtypes import fits_float32
-from ...model.chat import template_message, unknown_pieces
+from ...model.chat import template_message
 from ..engines.batcher import GenerationBatcher
-from ..limits import engine_positions, row_tokens
+from ..limits import capped, engine_positions, row_tokens
 from .openai_types import (
     ChatCompletion,
     ChatCompletionMessage,
@@ -40,6 +42,7 @@ from .openai_types import (
     new_completion_id,
 )
 from .requests import ChatRequest, RequestError
+from .template import CHAT_TEMPLATE_TYPES, RenderedCall, Renderer, extend
 from .tool_parsers import ToolCallParser
 from .tools import Tool, arun_tool, tool_from_function, tool_from_openai
 
@@ -77,6 +80,9 @@ class EpisodeCounters:
     bad_requests: int = 0
     """Requests refused with a 4xx: malformed, unrenderable, an unknown completion id, a reward too early, too
     many choices or calls."""
+    chat_template_fallbacks: int = 0
+    """With ``chat_template_type=concat``: calls after the episode's first that extended no earlier call and were
+    rendered whole by the template (``template.py``)."""
 
 
 class EpisodeSession:
@@ -91,12 +97,23 @@ class EpisodeSession:
         model_name: the name responses carry.
         max_calls: the most calls of the episode (``rollout.agent_max_calls``); one more is refused with 429.
         max_choices: the largest ``n`` of one request (``rollout.agent_max_choices``); a larger one: 400.
+        chat_template_type: ``hf`` or ``concat`` (``rollout.chat_template_type``, ``template.py``).
+        renderer: the rollout call's shared renders (None: the session's own).
     """
 
     def __init__(self, *, episode: int, tokenizer, batcher: GenerationBatcher, gconfig: Any,
-                 parser: ToolCallParser, model_name: str = "policy", max_calls: int = 64, max_choices: int = 16):
+                 parser: ToolCallParser, model_name: str = "policy", max_calls: int = 64, max_choices: int = 16,
+                 chat_template_type: str = "hf", renderer: Renderer | None = None):
+        if chat_template_type not in CHAT_TEMPLATE_TYPES:
+            raise ValueError(f"chat_template_type {chat_template_type!r}; one of {CHAT_TEMPLATE_TYPES}")
         self.episode, self.tokenizer, self.batcher, self.gconfig = episode, tokenizer, batcher, gconfig
         self.parser, self.model_name, self.max_calls, self.max_choices = parser, model_name, max_calls, max_choices
+        self.concat = chat_template_type == "concat"
+        self.renderer = renderer if renderer is not None else Renderer(tokenizer)
+        self.rendered: list[RenderedCall] = []
+        """With ``concat``: the episode's sampled calls, as later calls may continue them."""
+        self._asked: tuple | None = None
+        """The latest request rendered, with its result (a request asked about is not rendered again)."""
         self.records: list[CallRecord] = []
         self.counters = EpisodeCounters()
         self.first_bad_request: str | None = None
@@ -109,20 +126,35 @@ class EpisodeSession:
 
     # -- rendering and sampling -------------------------------------------------------------------
     def render(self, request: ChatRequest) -> list[int]:
-        """The prompt ids of a request: its messages and tools through the chat template."""
-        messages = [template_message(m.to_dict()) for m in request.messages]
-        kwargs = {"tools": request.tools} if request.tools else {}
-        try:
-            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kwargs)
-        except Exception as e:  # noqa: BLE001 - a template that cannot render the messages is a bad request
-            raise RequestError(400, f"the chat template cannot render these messages: {type(e).__name__}: {e}",
-                               param="messages") from e
-        ids = self.tokenizer(text, add_special_tokens=False).input_ids
+        """The prompt ids of a request (see :meth:`prompt_of`), counting what the agent should hear about: a
+        ``concat`` call that extended no earlier one, words the tokenizer cannot spell."""
+        ids, text, extended = self.prompt_of(request)
+        self.counters.chat_template_fallbacks += self.concat and bool(self.rendered) and not extended
         unk = getattr(self.tokenizer, "unk_token_id", None)
         if unk is not None and unk in ids:  # the built-in word-level tokenizers: words they do not know
-            self.unknown_words.update(unknown_pieces(self.tokenizer, text))
+            self.unknown_words.update(self.renderer.unknown_words(text))
             self.tool_names.update(t["function"]["name"] for t in request.tools)
         return ids
+
+    def prompt_of(self, request: ChatRequest) -> tuple[list[int], str, bool]:
+        """The prompt ids of a request, the text rendered for them, and whether they continue an earlier call
+        (``concat``: that call's ids and the template's segment after its answer; else the messages and tools
+        rendered whole by the chat template). Counts nothing (an agent may ask before it sends)."""
+        if self._asked is not None and self._asked[0] is request and self._asked[1] == len(self.rendered):
+            return self._asked[2]  # rendered already, with the same calls to continue
+        messages = [template_message(m.to_dict()) for m in request.messages]
+        ext = extend(self.renderer, self.rendered, messages, request.tools) if self.concat else None
+        if ext is not None:
+            found = ext.prompt_ids, ext.text, True
+        else:
+            try:
+                ids, text = self.renderer.whole(messages, request.tools)
+            except Exception as e:  # noqa: BLE001 - a template that cannot render the messages is a bad request
+                raise RequestError(400, f"the chat template cannot render these messages: {type(e).__name__}: {e}",
+                                   param="messages") from e
+            found = list(ids), text, False
+        self._asked = (request, len(self.rendered), found)
+        return found
 
     def sampling(self, request: ChatRequest) -> Any:
         """``gconfig`` with the request's overrides, for one answer."""
@@ -179,6 +211,7 @@ class EpisodeSession:
         g = self.sampling(request)
         gens = await asyncio.gather(*(self.batcher.generate(prompt, g, (self.episode, call, i))
                                       for i in range(request.n)))
+        gens = capped(gens, [min(int(g.max_new_tokens), limit - len(prompt))] * len(gens))  # whatever the engine
         if self.closed:  # the episode ended while this call was sampled: nothing of it is trained
             raise RequestError(409, "this episode has ended; its client cannot be used any more.")
         choices = []
@@ -187,6 +220,12 @@ class EpisodeSession:
             self.records.append(CallRecord(cid, i, call, list(prompt), list(gen.output_ids), list(gen.logprobs),
                                            list(gen.versions), bool(gen.truncated)))
             choices.append(self._choice(i, gen, request))
+        if self.concat:  # what a later call may continue: these messages, then one of these answers
+            self.rendered.append(RenderedCall([template_message(m.to_dict()) for m in request.messages],
+                                              request.tools, prompt))
+            for choice, gen in zip(choices, gens):
+                self.rendered[-1].add_answer(choice.message.content, choice.message.tool_calls, gen.output_ids,
+                                             gen.truncated)
         return ChatCompletion(id=cid, model=request.model or self.model_name, choices=choices,
                               usage=CompletionUsage(prompt_tokens=len(prompt),  # once for all n, as OpenAI counts
                                                     completion_tokens=sum(len(x.output_ids) for x in gens)))

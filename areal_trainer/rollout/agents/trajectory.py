@@ -13,7 +13,8 @@ Rows (``rollout.agent_export``):
   previous call's prompt and output ids; the row is then ``prompt | answer 0 | env 1 | answer 1 | ...``,
   where the environment's tokens (the end of the turn, tool results, user messages, the next turn's
   opening) are not trained (``loss_mask`` 0, ``turn_ids`` -1). A call whose prompt does not extend
-  the row (a chat template that drops earlier reasoning, an agent that edits its history, a parallel
+  the row (with ``rollout.chat_template_type=hf``: a chat template that drops earlier reasoning or closes
+  a turn with another token than the model's stop token; an agent that edits its history; a parallel
   sibling choice of ``n > 1``) starts a new row instead; ``fallbacks`` counts how often that happened
   to a call's first choice. A call joins the newest row it extends, so an agent that continues one of
   several choices continues that choice's row. A row's reward is the

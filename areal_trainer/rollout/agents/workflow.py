@@ -17,7 +17,8 @@ requests are sampled together (``engines/batcher.py``). An episode that takes lo
 more than ``reward.max_error_fraction`` of a rollout call's episodes raised, the run stops with the
 agent's name and one example. Timeouts never stop the run.
 
-Rows. ``episodes.py`` turns each prompt's episodes into its group, and ``trajectory.py`` each episode's
+Rows. A call's messages become its prompt ids as ``rollout.chat_template_type`` says (``template.py``).
+``episodes.py`` turns each prompt's episodes into its group, and ``trajectory.py`` each episode's
 recorded calls into rows (``rollout.agent_export``) with discounted per-call rewards
 (``rollout.turn_discount``). A group carries its rows episode by episode
 with each episode's row count and reward (``TrajectoryGroup.episode_rows``/``episode_rewards``), so
@@ -44,6 +45,7 @@ from .episodes import EpisodeRows, Outcome
 from .loop import EpisodeLoop, LoopBlocked
 from .session import EpisodeSession
 from .spec import AgentSpec
+from .template import CHAT_TEMPLATE_TYPES, Renderer
 from .tool_parsers import get_parser
 
 _UNSPELLABLE: set[str] = set()
@@ -64,6 +66,7 @@ class AgentWorkflow:
         agent: the resolved agent (:func:`load_agent`).
         timeout: seconds an episode may take (None: no limit).
         export: ``individual`` or ``concat`` (``trajectory.py``).
+        chat_template_type: ``hf`` or ``concat``: how a call's messages become prompt ids (``template.py``).
         turn_discount: the per-call discount of later rewards, in (0, 1].
         tool_call_parser: the parser's name or import path.
         max_concurrent: most episodes in flight at once (None: all of a call).
@@ -80,11 +83,16 @@ class AgentWorkflow:
     """
 
     def __init__(self, *, engine, tokenizer, reward, agent: AgentSpec, timeout: float | None = None,
-                 export: str = "individual", turn_discount: float = 1.0, tool_call_parser: str = "hermes",
+                 export: str = "individual", chat_template_type: str = "hf", turn_discount: float = 1.0,
+                 tool_call_parser: str = "hermes",
                  max_concurrent: int | None = None, batching: str = "episodes", batch_wait: float | None = 30.0,
                  max_calls: int = 64, max_choices: int = 16, block_notice: float = 10.0, server=None):
         if batching not in BATCHING:
             raise UserError(f"rollout.agent_batching: got {batching!r}; must be one of {', '.join(BATCHING)}.")
+        if chat_template_type not in CHAT_TEMPLATE_TYPES:
+            raise UserError(f"rollout.chat_template_type: got {chat_template_type!r}; must be one of "
+                            f"{', '.join(CHAT_TEMPLATE_TYPES)}.")
+        self.chat_template_type = chat_template_type
         self.engine, self.tokenizer, self.reward, self.agent = engine, tokenizer, reward, agent
         self.timeout, self.max_calls, self.max_choices = timeout, max_calls, max_choices
         self.parser = get_parser(tool_call_parser)
@@ -149,8 +157,15 @@ class AgentWorkflow:
             ended[0] += 1
             batcher.wake()
 
+        renderer = Renderer(self.tokenizer)  # a prompt's episodes render the same messages: once for the call
+
+        def session(index: int) -> EpisodeSession:
+            return EpisodeSession(episode=index, tokenizer=self.tokenizer, batcher=batcher, gconfig=gconfig,
+                                  parser=self.parser, max_calls=self.max_calls, max_choices=self.max_choices,
+                                  chat_template_type=self.chat_template_type, renderer=renderer)
+
         try:
-            outcomes = await asyncio.gather(*(self._episode(i * g + j, samples[i], batcher, gconfig, limit, end)
+            outcomes = await asyncio.gather(*(self._episode(session(i * g + j), samples[i], limit, end)
                                               for i in range(len(samples)) for j in range(g)))
         finally:
             await batcher.close()
@@ -162,17 +177,15 @@ class AgentWorkflow:
             groups[0].stats["agent/batch_wait_timeouts"] = Sum(float(batcher.forced))
         return groups
 
-    async def _episode(self, index: int, sample: dict, batcher: GenerationBatcher, gconfig: Any,
-                       limit: asyncio.Semaphore, end: Callable[[], None]) -> Outcome:
+    async def _episode(self, session: EpisodeSession, sample: dict, limit: asyncio.Semaphore,
+                       end: Callable[[], None]) -> Outcome:
         async with limit:
             try:
-                return await self._run_episode(index, sample, batcher, gconfig)
+                return await self._run_episode(session, sample)
             finally:
                 end()
 
-    async def _run_episode(self, index: int, sample: dict, batcher: GenerationBatcher, gconfig: Any) -> Outcome:
-        session = EpisodeSession(episode=index, tokenizer=self.tokenizer, batcher=batcher, gconfig=gconfig,
-                                 parser=self.parser, max_calls=self.max_calls, max_choices=self.max_choices)
+    async def _run_episode(self, session: EpisodeSession, sample: dict) -> Outcome:
         key = None
         try:
             async with asyncio.timeout(self.timeout) as deadline:

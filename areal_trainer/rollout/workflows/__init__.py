@@ -1,5 +1,5 @@
 """Workflows written against an engine: ``single_turn.py`` (one verifiable answer per sample, the
-default) and ``multi_turn.py`` (answer, feedback, another try). A workflow meets
-:class:`~areal_trainer.rollout.types.Workflow`; agents are workflows too (``rollout/agents/workflow.py``)
-but workflows never import agents.
+default). A workflow meets :class:`~areal_trainer.rollout.types.Workflow`; agents are workflows too
+(``rollout/agents/workflow.py``, and the multi-turn "try again" workflow, ``rollout/agents/multi_turn.py``,
+an agent on the episode session) but workflows never import agents.
 """

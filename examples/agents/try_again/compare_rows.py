@@ -9,6 +9,11 @@ random numbers for the first answers. Per episode it compares the workflow's row
 rows (``rollout.agent_export=concat``, ``rollout.turn_discount=0.9``): ids, loss mask, behaviour
 log-probs and reward.
 
+``--chat-template-type`` is the agent's ``rollout.chat_template_type``: ``concat`` (the example's, and the
+default here) continues each call's sampled ids, as ``MultiTurnWorkflow`` does (it is this agent on the
+same session), so every row is identical; ``hf`` re-renders the conversation with the template, whose
+rows differ where the README says.
+
 Two chat templates:
 
 * ``built-in``: the built-in tokenizer as it is; answers stop with ``<eos>`` and the template closes a
@@ -16,7 +21,7 @@ Two chat templates:
 * ``eos-closes-turns``: the same template closing every turn with ``<eos>``, as Qwen's closes turns
   with its EOS ``<|im_end|>``.
 
-    .venv/bin/python examples/agents/try_again/compare_rows.py [--prompts 32] [--seed 1]
+    .venv/bin/python examples/agents/try_again/compare_rows.py [--prompts 32] [--seed 1] [--chat-template-type hf]
 """
 
 from __future__ import annotations
@@ -69,17 +74,17 @@ def first_answer(row: dict) -> list[int]:
 def compare(name: str, tok, trainer, samples, args) -> None:
     import torch
 
+    from areal_trainer.rollout.agents.multi_turn import MultiTurnWorkflow
     from areal_trainer.rollout.agents.spec import load_agent
     from areal_trainer.rollout.agents.workflow import AgentWorkflow
     from areal_trainer.rollout.engines.hf import HFEngine
-    from areal_trainer.rollout.workflows.multi_turn import MultiTurnWorkflow
 
     engine = HFEngine(trainer.policy.model, tok, device=trainer.device)
     g = trainer.cfg.gconfig
     workflow = MultiTurnWorkflow(engine=engine, tokenizer=tok, reward=trainer.reward, max_turns=2,
                                  turn_discount=DISCOUNT)
     agent = AgentWorkflow(engine=engine, tokenizer=tok, reward=trainer.reward, agent=load_agent(AGENT, {}),
-                          export="concat", turn_discount=DISCOUNT)
+                          export="concat", chat_template_type=args.chat_template_type, turn_discount=DISCOUNT)
     torch.manual_seed(args.seed)
     by_workflow = [ep for grp in workflow.rollout(samples, g) for ep in episodes_of(grp)]
     torch.manual_seed(args.seed)
@@ -97,7 +102,8 @@ def compare(name: str, tok, trainer, samples, args) -> None:
             tally[f"{turns} turn(s), row identical"] += 1
         elif example is None and turns == 2:
             example = (w, a)
-    print(f"\n[{name}] {len(by_workflow)} episodes; agent/concat_fallbacks {fallbacks:.0f}")
+    print(f"\n[{name}, chat_template_type={args.chat_template_type}] {len(by_workflow)} episodes; "
+          f"agent/concat_fallbacks {fallbacks:.0f}")
     for key in sorted(tally):
         print(f"  {key}: {tally[key]}")
     if example is not None:
@@ -125,6 +131,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--prompts", type=int, default=32, help="held-out prompts (each gconfig.n_samples episodes)")
     p.add_argument("--seed", type=int, default=1, help="the run's seed (its warm start) and the sampling seed")
+    p.add_argument("--chat-template-type", default="concat", choices=("concat", "hf"),
+                   help="the agent's rollout.chat_template_type")
     args = p.parse_args()
 
     from areal_trainer.components import load

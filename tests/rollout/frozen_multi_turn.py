@@ -1,4 +1,9 @@
-"""Multi-turn rollout with environment feedback: the model answers, and while its final answer is
+"""FROZEN: ``areal_trainer/rollout/workflows/multi_turn.py`` as it was before the workflow became an agent
+on the episode session (``areal_trainer/rollout/agents/multi_turn.py``), kept unchanged (its imports made
+absolute) so that ``tests/rollout/test_multiturn_identity.py`` compares the two on the same model and seed.
+Do not edit it.
+
+Multi-turn rollout with environment feedback: the model answers, and while its final answer is
 wrong the environment replies with a fixed user message ("Your answer is incorrect. Please try
 again.") and the model answers again, for at most ``max_turns`` answers.
 
@@ -49,12 +54,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...errors import UserError, integer_at_least
-from ...metrics import reduce
-from ...model.chat import prompt_ids
-from ..limits import capped, engine_positions, new_token_caps, row_tokens
-from ..rows import Rows, Segment
-from ..types import TrajectoryGroup, answer_segment
+from areal_trainer.errors import UserError, integer_at_least
+from areal_trainer.metrics import reduce
+from areal_trainer.model.chat import prompt_ids
+from areal_trainer.rollout.limits import capped, engine_positions, new_token_caps, row_tokens
+from areal_trainer.rollout.rows import Rows, Segment
+from areal_trainer.rollout.types import TrajectoryGroup, answer_segment
 
 DEFAULT_FEEDBACK = "Your answer is incorrect. Please try again."
 _SENTINEL = "\x00assistant-answer\x00"
