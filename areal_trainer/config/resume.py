@@ -127,11 +127,16 @@ def flatten(settings: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def compare(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Change]:
-    """Every key whose value differs between two settings (nested dicts), with its verdict."""
+def compare(old: Mapping[str, Any], new: Mapping[str, Any], defaults: Mapping[str, Any] | None = None) -> list[Change]:
+    """Every key whose value differs between two settings (nested dicts), with its verdict. A key the old settings
+    lack (it came with a later release) is no change when the new value is its schema default (``defaults``, the
+    settings of a default configuration): a new key's default keeps the behaviour the old run had."""
     a, b = flatten(old), flatten(new)
+    d = flatten(defaults or {})
     changes = []
     for key in sorted((set(a) | set(b)) - set(NOT_COMPARED)):
+        if key not in a and key in d and b.get(key, _MISSING) == d[key]:
+            continue
         if a.get(key, _MISSING) != b.get(key, _MISSING):
             safe, why = rule(key)
             changes.append(Change(key, a.get(key), b.get(key), safe, why))

@@ -45,3 +45,15 @@ def test_compare_lists_the_differing_leaves_with_their_verdicts():
 
 def test_flatten_keeps_lists_and_empty_sections_as_leaves():
     assert flatten({"a": {"b": [1, 2], "c": {}}, "d": None}) == {"a.b": [1, 2], "a.c": {}, "d": None}
+
+
+def test_a_key_new_since_the_checkpoint_is_no_change_at_its_default():
+    """A checkpoint written before a key existed resumes when the key keeps its default (the behaviour it had);
+    a value other than the default is a change like any other."""
+    old = {"rollout": {"backend": "hf"}}
+    defaults = {"rollout": {"backend": "hf", "chat_template_type": "hf", "server_addrs": []}}
+    assert compare(old, {"rollout": {"backend": "hf", "chat_template_type": "hf"}}, defaults) == []
+    (change,) = compare(old, {"rollout": {"backend": "hf", "chat_template_type": "concat"}}, defaults)
+    assert (change.key, change.old, change.new, change.safe) == ("rollout.chat_template_type", None, "concat", False)
+    (change,) = compare(old, {"rollout": {"backend": "hf", "chat_template_type": "hf"}})  # no defaults known
+    assert change.key == "rollout.chat_template_type"

@@ -66,7 +66,7 @@ def plan_resume(run_dir: str, cfg: Any) -> ResumePlan:
     recorded = os.path.join(path, ckpt.SETTINGS)
     if os.path.isfile(recorded):
         with open(recorded) as f:
-            plan.changes = compare(json.load(f), settings_of(cfg))
+            plan.changes = compare(json.load(f), settings_of(cfg), defaults=settings_of(type(cfg)()))
     else:
         plan.unchecked = True
     refused = [c for c in plan.changes if not c.safe]
