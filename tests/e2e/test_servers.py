@@ -163,3 +163,20 @@ def test_a_server_started_by_hand_serves_a_run(tmp_path):
     finally:
         server.kill()
         server.wait()
+
+
+def test_fsdp2_with_two_processes_trains_on_one_server(tmp_path):
+    """parallel.fsdp=true with a server backend: every process gathers the full weights, the main one pushes them,
+    and both sample on the one server with the weights they train (the recomputed log-probs match the server's)."""
+    from .test_fsdp import LAUNCH, _run
+
+    run = tmp_path / "run"
+    _run([*LAUNCH, "-m", "areal_trainer", *TINY, "train_dataset.batch_size=4", "parallel.fsdp=true",
+          "rollout.backend=hf:d1p1t1", "actor.recompute_logprob=true", "total_train_steps=3", f"hydra.run.dir={run}"],
+         tmp_path)
+    records = step_records(run)
+    assert sorted(records) == [1, 2, 3]
+    for r in records.values():
+        assert r["rollout/rows"] == 8  # 4 prompts x 2 samples, split over the 2 processes
+        assert r["mismatch/abs_logp_diff/max"] < 1e-3 and r["actor/staleness/max"] == 0
+        assert r["rollout/server_requests"] >= 2  # both processes sampled on it

@@ -60,9 +60,9 @@ def split_runs(prompts: Sequence[Sequence[int]], parts: int) -> list[tuple[int, 
     return [(lo, hi) for lo, hi in out if hi > lo]
 
 
-def piece_seed(seed: int, version: int, call: int, piece: int) -> int:
-    """A 63-bit seed for one piece of one generate call."""
-    x = (seed * 1_000_003 + version) * 998_244_353 + call * 65_537 + piece
+def piece_seed(seed: int, version: int, call: int, piece: int, rank: int = 0) -> int:
+    """A 63-bit seed for one piece of one generate call of trainer process ``rank``."""
+    x = ((seed * 1_000_003 + version) * 998_244_353 + call * 65_537 + piece) * 257 + rank
     x ^= x >> 29
     x = (x * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
     return x >> 1
@@ -83,15 +83,16 @@ class ServerEngine:
         can_switch: whether the servers' engine can switch weights inside a generate call.
         barrier: waits for every trainer process (after each update: only the main process pushes, and no process
             samples with the old weights once an update returned).
+        rank: this trainer process's rank, mixed into the seeds (processes sample different prompts).
     """
 
     def __init__(self, addresses: Sequence[str], *, pusher, seed: int, request_timeout: float, retries: int,
                  restart: Callable[[int], str | None] | None = None, max_positions: Any = None,
-                 can_switch: bool = False, barrier: Callable[[], None] = lambda: None):
+                 can_switch: bool = False, barrier: Callable[[], None] = lambda: None, rank: int = 0):
         self.addresses = list(addresses)
         self.pusher, self.seed, self.timeout, self.retries = pusher, int(seed), float(request_timeout), int(retries)
         self.restart, self.max_positions, self.can_switch = restart, max_positions, can_switch
-        self.barrier = barrier
+        self.barrier, self.rank = barrier, int(rank)
         self._version = 0
         self._calls = itertools.count()
         self._lock = threading.Lock()
@@ -118,7 +119,8 @@ class ServerEngine:
         with self._lock:
             call, version = next(self._calls), self._version
         pieces = split_runs(prompts, len(self.addresses) - len(self._down) or 1)
-        futures = [self._pool.submit(self._piece, prompts[lo:hi], body_g, piece_seed(self.seed, version, call, k))
+        futures = [self._pool.submit(self._piece, prompts[lo:hi], body_g,
+                                     piece_seed(self.seed, version, call, k, self.rank))
                    for k, (lo, hi) in enumerate(pieces)]
         out: list[Generation] = []
         for f in futures:

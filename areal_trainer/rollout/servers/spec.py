@@ -120,7 +120,7 @@ def make_server_engine(model, tokenizer, *, device, seed, dtype, interruptible, 
             fleet.restart(i, s.setup_timeout)
             return fleet.addresses[i]
     engine = ServerRollout(addresses, pusher=_RankPusher(inner, dist.is_main), barrier=dist.barrier, seed=seed,
-                           request_timeout=s.request_timeout, retries=s.retries, restart=restart,
+                           rank=dist.rank, request_timeout=s.request_timeout, retries=s.retries, restart=restart,
                            max_positions=positions_of(model, tokenizer),
                            can_switch=s.engine == "hf" and s.weight_mode == "disk")
     engine.fleet, engine.work_dir = fleet, servers_dir
