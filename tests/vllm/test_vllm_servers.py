@@ -1,0 +1,66 @@
+"""vLLM inference servers (``rollout.backend=vllm:d<N>p1t1``) through the real command line, in ``.venv-vllm``:
+GRPO with weights pushed by disk and by a gloo group, the servers' log-probs against the trainer's recomputed ones,
+asynchronous training with partial rollouts on a server, and no server left after Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from ..e2e.helpers import cli, cli_env, ended, processes_left, step_records, wait_until
+
+TINY = ["--config-name", "grpo", "+scale=tiny", "evaluator.freq_steps=null", "saver.freq_steps=null",
+        "stats_logger.progress_bar=false"]
+
+
+@pytest.fixture(scope="module")
+def vllm_mod():
+    from .test_vllm_engine import SKIP_REASON
+
+    return pytest.importorskip("vllm", reason=SKIP_REASON)
+
+
+@pytest.mark.parametrize("mode", ["disk", "xccl"])
+def test_grpo_on_a_vllm_server_samples_what_the_trainer_computes(vllm_mod, tmp_path, mode):
+    run = tmp_path / "run"
+    cli([*TINY, "rollout.backend=vllm:d1p1t1", f"actor.weight_update_mode={mode}", "actor.recompute_logprob=true",
+         "total_train_steps=3", f"hydra.run.dir={run}"], cwd=tmp_path, env={"AREAL_TEST_SERVERS": str(tmp_path)})
+    records = step_records(run)
+    assert sorted(records) == [1, 2, 3]
+    for r in records.values():
+        assert r["mismatch/abs_logp_diff/max"] < 1e-3, r["mismatch/abs_logp_diff/max"]
+        assert r["actor/staleness/max"] == 0 and r["perf/weight_update_s"] > 0
+    assert "engine vllm" in (run / "servers" / "server-0.log").read_text()
+    assert not processes_left(str(tmp_path))
+
+
+def test_asynchronous_training_on_a_vllm_server_keeps_the_staleness_bound(vllm_mod, tmp_path):
+    run = tmp_path / "run"
+    cli([*TINY, "rollout.backend=vllm:d1p1t1", "rollout.max_head_offpolicyness=1", "total_train_steps=5",
+         f"hydra.run.dir={run}"], cwd=tmp_path)
+    records = step_records(run)
+    assert sorted(records) == [1, 2, 3, 4, 5]
+    assert all(r["actor/staleness/max"] <= 1 for r in records.values())
+
+
+def test_ctrl_c_leaves_no_vllm_server(vllm_mod, tmp_path):
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "areal_trainer", *TINY, "rollout.backend=vllm:d1p1t1",
+                             "total_train_steps=1000", f"hydra.run.dir={run}"], cwd=tmp_path,
+                            env=cli_env({"AREAL_TEST_SERVERS": str(tmp_path)}), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+    def stepped() -> bool:
+        if not (run / "metrics.jsonl").exists():
+            return False
+        with open(run / "metrics.jsonl") as f:
+            return any("time/step" in json.loads(line) for line in f)
+
+    wait_until(stepped, proc, "the first step")
+    proc.send_signal(signal.SIGINT)
+    ended(proc, "Ctrl-C")
+    assert not processes_left(str(tmp_path), within=30)
