@@ -9,6 +9,10 @@ shared-prefix training off (``--no-unshared`` skips it): ``shared_vs_unshared`` 
     python scripts/gpu_check.py --shape qwen2.5-1.5b --steps 4 --out gpu_check.json
     python scripts/gpu_check.py --shape qwen2.5-1.5b --steps 4 --lora --out gpu_check_lora.json
     python scripts/gpu_check.py --shape tiny --steps 2 --out /tmp/check.json     # CPU smoke of this script
+    python scripts/gpu_check.py --backend vllm:d1p1t1 --weight-update-mode xccl   # on an inference server
+
+Each setting also records the trainer's own telemetry: ``gen_tokens_per_s``, ``train_tokens_per_s``, ``tflops``,
+``mfu`` (``perf/*``), ``weight_update_s`` and the step's time split.
 
 MFU = 6 * parameters * trained tokens / update time / peak dense bf16 FLOP/s (attention FLOPs
 ignored, so it is a slight underestimate). Any error exits non-zero.
@@ -34,7 +38,6 @@ SHAPES = {
     "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                  intermediate_size=128, vocab_size=2048),
 }
-PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12}
 
 
 def make_model_dir(shape: str, path: str) -> int:
@@ -65,10 +68,11 @@ def make_model_dir(shape: str, path: str) -> int:
 
 
 def peak_flops() -> float | None:
-    if not torch.cuda.is_available():
-        return None
-    name = torch.cuda.get_device_name()
-    return next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None)
+    """The device's peak dense bf16 FLOP/s, from the table the trainer's ``perf/mfu`` uses."""
+    from areal_trainer.train.perf import peak_tflops
+
+    tflops = peak_tflops(torch.cuda.get_device_name()) if torch.cuda.is_available() else None
+    return tflops * 1e12 if tflops else None
 
 
 def run_setting(args, eta: int, model_dir: str, n_params: int, tmp: str, shared: bool = True) -> dict:
@@ -86,6 +90,7 @@ def run_setting(args, eta: int, model_dir: str, n_params: int, tmp: str, shared:
         "saver.freq_steps=null", "stats_logger.plot=false", "stats_logger.progress_bar=false",
         "actor.gradient_checkpointing=true", "actor.optimizer.lr=1e-6", f"cluster.fileroot={tmp}",
         f"rollout.max_head_offpolicyness={eta}", *([] if shared else ["actor.enable_tree_training=false"]),
+        f"rollout.backend={args.backend}", f"actor.weight_update_mode={args.weight_update_mode}",
         *(["actor.use_lora=true", "actor.optimizer.lr=1e-5"] if args.lora else []),
     ])
     if torch.cuda.is_available():
@@ -111,6 +116,12 @@ def run_setting(args, eta: int, model_dir: str, n_params: int, tmp: str, shared:
         "overlap_frac": mean("rollout/overlap_frac"), "trainer_idle_frac": mean("rollout/trainer_idle_frac"),
         "max_staleness": max(r.get("actor/staleness/max", 0.0) for r in records),
         "update_tokens": mean("update/tokens"), "update_tokens_computed": mean("update/tokens_computed"),
+        # the trainer's own telemetry (docs/metrics.md, "Time and throughput")
+        "gen_tokens_per_s": mean("perf/gen_tokens_per_s"), "train_tokens_per_s": mean("perf/train_tokens_per_s"),
+        "tflops": mean("perf/tflops"), "mfu": mean("perf/mfu") if flops else None,
+        "weight_update_s": mean("perf/weight_update_s") or mean("time/weight_push"),
+        "time_split_s": {k: mean(f"time/{k}") for k in ("rollout", "generation", "rollout_wait", "logprobs",
+                                                        "advantage", "update", "weight_push")},
     }
 
 
@@ -125,6 +136,10 @@ def main() -> int:
     ap.add_argument("--unshared", action=argparse.BooleanOptionalAction, default=True,
                     help="also run the synchronous setting with shared-prefix training off, and compare")
     ap.add_argument("--lora", action="store_true", help="train LoRA adapters (actor.use_lora=true) in every setting")
+    ap.add_argument("--backend", default="hf",
+                    help="rollout.backend: hf (in process), or inference servers, e.g. vllm:d1p1t1 or hf:d1p1t1")
+    ap.add_argument("--weight-update-mode", default="disk", choices=("disk", "xccl"),
+                    help="actor.weight_update_mode with a server backend")
     ap.add_argument("--out", default="gpu_check.json")
     args = ap.parse_args()
     os.environ.setdefault("WANDB_MODE", "disabled")
@@ -136,6 +151,7 @@ def main() -> int:
         unshared = run_setting(args, 0, model_dir, n_params, tmp, shared=False) if args.unshared else None
     first = next(iter(runs.values()))
     result = {"date": time.strftime("%Y-%m-%d"), "device": first["device"], "shape": args.shape, "parameters": n_params,
+              "backend": args.backend, "weight_update_mode": args.weight_update_mode,
               "lora": args.lora, "prompts": args.prompts, "samples": args.samples,
               "max_new_tokens": args.max_new_tokens,
               **{k: v for k, v in first.items() if k != "device"},  # the first setting (synchronous by default)

@@ -3,7 +3,8 @@
 # model with random weights through the real trainer, synchronous and asynchronous (eta = 2; set
 # GPU_CHECK_ETAS); writes gpu_check.json (tokens/s, step time, peak memory, update MFU per setting,
 # async/sync steps-per-second ratio, shared vs unshared prefixes) and exits non-zero on any error;
-# GPU_CHECK_LORA=1 trains LoRA adapters instead of the whole model.
+# GPU_CHECK_LORA=1 trains LoRA adapters instead of the whole model; GPU_CHECK_BACKEND=vllm:d1p1t1 samples on an
+# inference server (GPU_CHECK_WEIGHT_UPDATE=xccl pushes weights by NCCL instead of disk).
 #
 # The GPU machine has torch and transformers but not hydra-core/omegaconf/antlr4: put their wheels
 # in .gpu_wheels/ (bash scripts/gpu_check.sh --fetch-wheels, on a machine with network) and carry it.
@@ -24,4 +25,5 @@ export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 WANDB_MODE=disabled PYTHONPATH="$P
 SHAPE=${GPU_CHECK_SHAPE:-qwen2.5-1.5b}
 STEPS=${GPU_CHECK_STEPS:-4}
 timeout "${GPU_CHECK_TIMEOUT:-540}" "$PY" scripts/gpu_check.py --shape "$SHAPE" --steps "$STEPS" \
-  --etas "${GPU_CHECK_ETAS:-0,2}" --out "${GPU_CHECK_OUT:-gpu_check.json}" ${GPU_CHECK_LORA:+--lora}
+  --etas "${GPU_CHECK_ETAS:-0,2}" --out "${GPU_CHECK_OUT:-gpu_check.json}" ${GPU_CHECK_LORA:+--lora} \
+  --backend "${GPU_CHECK_BACKEND:-hf}" --weight-update-mode "${GPU_CHECK_WEIGHT_UPDATE:-disk}"

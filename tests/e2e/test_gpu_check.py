@@ -34,3 +34,19 @@ def test_gpu_check_script_with_lora_cpu_smoke(tmp_path):
     report = json.loads(out.read_text())
     assert report["lora"] is True and report["steps"] == 2 and report["update_time_s"] > 0
     assert "LoRA" in proc.stdout and "unshared_sync" not in report
+
+
+def test_gpu_check_script_on_an_inference_server_cpu_smoke(tmp_path):
+    """The server mode (GPU_CHECK_BACKEND): the report carries the trainer's telemetry per setting."""
+    out = tmp_path / "check.json"
+    proc = subprocess.run([sys.executable, "scripts/gpu_check.py", "--shape", "tiny", "--steps", "2", "--prompts", "2",
+                           "--samples", "2", "--max-new-tokens", "8", "--etas", "0", "--no-unshared",
+                           "--backend", "hf:d1p1t1", "--weight-update-mode", "xccl", "--out", str(out)], cwd=ROOT,
+                          env=cli_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["backend"] == "hf:d1p1t1" and report["weight_update_mode"] == "xccl"
+    for key in ("gen_tokens_per_s", "train_tokens_per_s", "tflops", "weight_update_s"):
+        assert report[key] > 0, key
+    assert report["mfu"] is None  # no known peak on a CPU
+    assert set(report["time_split_s"]) >= {"rollout", "logprobs", "update", "weight_push"}
