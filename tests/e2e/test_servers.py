@@ -180,3 +180,14 @@ def test_fsdp2_with_two_processes_trains_on_one_server(tmp_path):
         assert r["rollout/rows"] == 8  # 4 prompts x 2 samples, split over the 2 processes
         assert r["mismatch/abs_logp_diff/max"] < 1e-3 and r["actor/staleness/max"] == 0
         assert r["rollout/server_requests"] >= 2  # both processes sampled on it
+
+
+def test_an_agent_runs_unchanged_on_a_server(tmp_path):
+    """Agents' calls go through the session and its batcher to the server: exact tokens, the server's versions."""
+    run = tmp_path / "run"
+    cli([*TINY, "rollout.backend=hf:d1p1t1", "rollout.agent=tests.agents.simple.try_again", "total_train_steps=2",
+         "actor.recompute_logprob=true", f"hydra.run.dir={run}"], cwd=tmp_path)
+    records = step_records(run)
+    assert sorted(records) == [1, 2]
+    for r in records.values():
+        assert r["agent/calls"] >= 1 and r["mismatch/abs_logp_diff/max"] < 1e-3 and r["actor/staleness/max"] == 0
