@@ -64,3 +64,44 @@ def test_ctrl_c_leaves_no_vllm_server(vllm_mod, tmp_path):
     proc.send_signal(signal.SIGINT)
     ended(proc, "Ctrl-C")
     assert not processes_left(str(tmp_path), within=30)
+
+
+def test_fsdp2_with_two_processes_trains_on_a_vllm_server(vllm_mod, tmp_path):
+    from ..e2e.test_fsdp import LAUNCH, _run
+
+    run = tmp_path / "run"
+    _run([*LAUNCH, "-m", "areal_trainer", *TINY, "train_dataset.batch_size=4", "parallel.fsdp=true",
+          "rollout.backend=vllm:d1p1t1", "actor.weight_update_mode=xccl", "actor.recompute_logprob=true",
+          "total_train_steps=3", f"hydra.run.dir={run}"], tmp_path, timeout=900)
+    records = step_records(run)
+    assert sorted(records) == [1, 2, 3]
+    for r in records.values():
+        assert r["rollout/rows"] == 8 and r["mismatch/abs_logp_diff/max"] < 1e-3 and r["actor/staleness/max"] == 0
+
+
+def test_a_killed_vllm_server_is_replaced(vllm_mod, tmp_path):
+    """One of two vLLM servers killed after the first step: its requests go to the other, it is started again and
+    given the current weights, and both serve again."""
+    from ..e2e.test_servers import _pids, _steps
+
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "areal_trainer", *TINY, "rollout.backend=vllm:d2p1t1",
+                             "total_train_steps=100000", "total_train_epochs=10000", f"hydra.run.dir={run}"],
+                            cwd=tmp_path, env=cli_env({"AREAL_TEST_SERVERS": str(tmp_path)}), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    wait_until(lambda: (run / "metrics.jsonl").exists() and len(_steps(run)) >= 1, proc, "the first step", 600)
+    import os
+
+    os.kill(_pids(run)[0], signal.SIGKILL)
+
+    def total(key: str) -> float:
+        return sum(r.get(key, 0.0) for r in _steps(run))
+
+    wait_until(lambda: total("rollout/server_retries") >= 1, proc, "a retried request", 600)
+    wait_until(lambda: total("rollout/server_restarts") >= 1, proc, "the server's restart", 600)
+    n = len(_steps(run))
+    wait_until(lambda: len(_steps(run)) >= n + 2, proc, "steps on both servers again", 600)
+    assert _steps(run)[-1]["rollout/servers_down"] == 0
+    proc.send_signal(signal.SIGINT)
+    ended(proc, "Ctrl-C")
+    assert not processes_left(str(tmp_path), within=30)

@@ -97,15 +97,22 @@ class WeightSyncExtension:
     """Methods added to vLLM's worker (``worker_extension_cls``); ``self`` is the worker."""
 
     def areal_load_weights(self, payload) -> int:
-        """Load checkpoint-format weights in place: a safetensors blob, or (name, tensor) pairs."""
+        """Load checkpoint-format weights in place: a safetensors blob, or (name, tensor) pairs, consumed as they
+        come (a stream from an inference server's weight group is never held whole)."""
         if isinstance(payload, bytes | bytearray | memoryview):
             from safetensors.torch import load
 
-            weights = list(load(bytes(payload)).items())
-        else:
-            weights = list(payload)
-        self.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
-        return len(weights)
+            payload = list(load(bytes(payload)).items())
+        count = 0
+
+        def counted():
+            nonlocal count
+            for pair in payload:
+                count += 1
+                yield pair
+
+        self.reload_weights(weights_iterator=counted(), is_checkpoint_format=True)
+        return count
 
 
 class VLLMEngine:
