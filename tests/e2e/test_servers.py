@@ -63,21 +63,28 @@ def test_a_killed_server_is_retried_on_the_other_and_restarted(tmp_path, mode):
                              "total_train_steps=100000", "total_train_epochs=10000", f"hydra.run.dir={run}"],
                             cwd=tmp_path, env=cli_env(_marker(tmp_path)), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-    wait_until(lambda: (run / "metrics.jsonl").exists() and len(_steps(run)) >= 1, proc, "the first step")
-    os.kill(_pids(run)[0], signal.SIGKILL)
-
-    def total(key: str) -> float:
-        return sum(r.get(key, 0.0) for r in _steps(run))
-
-    wait_until(lambda: total("rollout/server_retries") >= 1, proc, "a retried request")
-    wait_until(lambda: total("rollout/server_restarts") >= 1, proc, "the server's restart")
-    n = len(_steps(run))
-    wait_until(lambda: len(_steps(run)) >= n + 2, proc, "steps on both servers again")
-    assert len(_pids(run)) == 2
-    assert _steps(run)[-1]["rollout/servers_down"] == 0
-    proc.send_signal(signal.SIGINT)
-    ended(proc, "Ctrl-C")
+    try:
+        wait_until(lambda: (run / "metrics.jsonl").exists() and len(_steps(run)) >= 1, proc, "the first step")
+        os.kill(_pids(run)[0], signal.SIGKILL)
+        # found gone by a generate request (retried on the other server) or by the weight update (a failure)
+        wait_until(lambda: _total(run, "rollout/server_retries") + _total(run, "rollout/server_failures") >= 1, proc,
+                   "the gone server noticed")
+        wait_until(lambda: _total(run, "rollout/server_restarts") >= 1, proc, "the server's restart")
+        n = len(_steps(run))
+        wait_until(lambda: len(_steps(run)) >= n + 2, proc, "steps on both servers again")
+        assert len(_pids(run)) == 2
+        assert _steps(run)[-1]["rollout/servers_down"] == 0
+        proc.send_signal(signal.SIGINT)
+        ended(proc, "Ctrl-C")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
     assert not processes_left(str(tmp_path), within=30)
+
+
+def _total(run, key: str) -> float:
+    return sum(r.get(key, 0.0) for r in _steps(run))
 
 
 def _steps(run) -> list:
@@ -112,10 +119,15 @@ def test_no_server_outlives_its_trainer(tmp_path, how):
     proc = subprocess.Popen([sys.executable, "-m", "areal_trainer", *TINY, "rollout.backend=hf:d2p1t1",
                              "total_train_steps=1000", f"hydra.run.dir={run}"], cwd=tmp_path,
                             env=cli_env(_marker(tmp_path)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_until(lambda: (run / "metrics.jsonl").exists() and len(_steps(run)) >= 1, proc, "the first step")
-    assert len(_pids(run)) == 2
-    proc.send_signal(signal.SIGKILL if how == "SIGKILL" else signal.SIGINT)
-    ended(proc, how)
+    try:
+        wait_until(lambda: (run / "metrics.jsonl").exists() and len(_steps(run)) >= 1, proc, "the first step")
+        assert len(_pids(run)) == 2
+        proc.send_signal(signal.SIGKILL if how == "SIGKILL" else signal.SIGINT)
+        ended(proc, how)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
     assert not processes_left(str(tmp_path), within=30), f"servers left after {how}"
 
 
