@@ -63,12 +63,17 @@ def test_asyncio_to_thread_uses_it_as_the_default_executor():
     ex = DaemonExecutor()
     loop.set_default_executor(ex)
 
+    def workers() -> int:
+        return sum(1 for t in threading.enumerate() if getattr(t, "_target", None) == ex._worker)
+
     async def many():
         return await asyncio.gather(*[asyncio.to_thread(threading.current_thread) for _ in range(8)])
 
     try:
-        idents = loop.run_until_complete(many())
+        ran = set(loop.run_until_complete(many()))
+        started = workers()
         again = loop.run_until_complete(asyncio.to_thread(threading.current_thread))
     finally:
         loop.close()
-    assert again in set(idents)  # a finished worker took the later call
+    assert ran and all(t.name == "areal-agent-worker" for t in ran) and started >= 1
+    assert workers() == started and again.name == "areal-agent-worker"  # an idle worker took it: no new thread

@@ -81,14 +81,18 @@ class DaemonExecutor(concurrent.futures.ThreadPoolExecutor):
                         self._idle -= 1
                         return
                 continue  # a call was handed to this worker as it timed out: take it
-            if future.set_running_or_notify_cancel():
+            result = error = None
+            running = future.set_running_or_notify_cancel()
+            if running:
                 try:
-                    future.set_result(fn(*args, **kwargs))
+                    result = fn(*args, **kwargs)
                 except BaseException as e:  # noqa: BLE001 - handed to whoever awaits the future
-                    future.set_exception(e)
-            del future, fn, args, kwargs
-            with self._idle_lock:
+                    error = e
+            with self._idle_lock:  # idle before the caller learns the result: its next call finds this worker
                 self._idle += 1
+            if running:
+                future.set_exception(error) if error is not None else future.set_result(result)
+            del future, fn, args, kwargs, result, error
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Nothing to wait for: the threads are daemons, and an idle one ends by itself."""
