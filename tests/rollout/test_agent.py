@@ -12,6 +12,7 @@ import torch
 
 from areal_trainer.config.schema import GenerationHyperparameters
 from areal_trainer.errors import UserError
+from areal_trainer.failures import FailurePolicy
 from areal_trainer.metrics import Sum
 from areal_trainer.model.builtin import build_model, build_tokenizer
 from areal_trainer.plugins import PluginError
@@ -21,7 +22,8 @@ from areal_trainer.rollout.engines.hf import HFEngine
 from areal_trainer.rollout.types import Generation
 
 CPU = torch.device("cpu")
-REWARD = types.SimpleNamespace(error_value=-1.0, max_error_fraction=0.5)
+REWARD = types.SimpleNamespace()  # the agent workflow scores through the failure policy, not the reward service
+FAILURES = FailurePolicy.of(error_value=-1.0, max_error_fraction=0.5)
 # Qwen3's template renders an earlier assistant message without its reasoning: only the text after </think>.
 THINK_DROPPING = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
@@ -65,7 +67,7 @@ class Scripted:
 
 def _workflow(engine, tok, agent, **kw):
     spec = load_agent(agent, kw.pop("agent_kwargs", {}))
-    return AgentWorkflow(engine=engine, tokenizer=tok, reward=REWARD, agent=spec, **kw)
+    return AgentWorkflow(engine=engine, tokenizer=tok, reward=REWARD, agent=spec, failures=FAILURES, **kw)
 
 
 async def two_turns(data, *, client):
@@ -205,17 +207,20 @@ def test_an_agent_that_raises_scores_the_error_value_and_is_counted_and_named_on
     assert [g["rewards"].tolist() for g in groups] == [[-1.0], [1.0], [1.0]]
     assert [g.stats["agent/errors"].value for g in groups] == [1, 0, 0]
     err = capsys.readouterr().err
-    assert err.count("warning: rollout.agent tests.rollout.test_agent.failing: 1 of 3 episodes raised in this "
-                     "rollout (counted in agent/errors") == 1
-    assert "RuntimeError: the environment broke" in err and "reward.max_error_fraction=0.5" in err
+    assert err.count("warning: rollout.agent tests.rollout.test_agent.failing: 1 of 3 episodes of this rollout "
+                     "raised (counted in agent/errors; scored reward.error_value=-1; the run stops above "
+                     "reward.max_error_fraction=0.5); the first:\n") == 1
+    assert "RuntimeError: the environment broke" in err
     wf.rollout(_samples(3), GenerationHyperparameters(n_samples=1, max_new_tokens=4))
-    assert "episodes raised" not in capsys.readouterr().err  # once per run; agent/errors counts the rest
+    assert "raised" not in capsys.readouterr().err  # once per run; agent/errors counts the rest
 
 
 def test_too_many_failing_episodes_stop_the_run_naming_the_agent_and_an_example(tok):
     wf = _workflow(Scripted(tok, "7"), tok, "tests.rollout.test_agent.failing")
-    with pytest.raises(UserError, match=r"(?s)tests.rollout.test_agent.failing: 1 of 1 episodes raised.*"
-                                        r"RuntimeError: the environment broke"):
+    with pytest.raises(UserError, match=r"(?s)^rollout.agent tests.rollout.test_agent.failing: 1 of 1 episodes of one "
+                                        r"rollout failed \(more than reward.max_error_fraction=0.5\): 1 raised. "
+                                        r"Example:\n.*RuntimeError: the environment broke\n"
+                                        r"Fix the agent, or raise reward.max_error_fraction.$"):
         wf.rollout(_samples(1), GenerationHyperparameters(n_samples=1, max_new_tokens=4))
 
 
@@ -295,6 +300,7 @@ def test_a_plain_def_agent_past_its_timeout_does_not_hold_up_the_rollout(tok):
         STUCK["release"].set()
     assert [g["rewards"].tolist() for g in groups] == [[-1.0], [1.0]]
     assert groups[0].stats["agent/timeouts"].value == 1
+    assert [g.stats["agent/abandoned"].value for g in groups] == [1, 0]  # its thread is left running
 
 
 def divide(a: int, b: int) -> float:
@@ -374,10 +380,10 @@ def test_agent_rewards_beyond_float32_are_bad_results_never_infinite_rows(tok, c
     assert [g["rewards"].tolist() for g in groups] == [[-1.0], [0.25], [-1.0], [0.5]]
     assert [g.stats["agent/bad_results"].value for g in groups] == [1, 0, 1, 0]
     assert all(torch.isfinite(g["rewards"]).all() for g in groups)
-    assert ("warning: rollout.agent tests.rollout.test_agent.overflowing: 2 of 4 episodes in this rollout had an "
-            "unusable result (counted in agent/bad_results; trained with reward.error_value=-1, the run stops above "
-            "reward.max_error_fraction=0.5); the first returned 1e+39; an agent returns a float reward (finite, "
-            "within float32) or {completion_id: reward}.") in capsys.readouterr().err.splitlines()
+    assert ("warning: rollout.agent tests.rollout.test_agent.overflowing: 2 of 4 episodes of this rollout had an "
+            "unusable result (counted in agent/bad_results; scored reward.error_value=-1; the run stops above "
+            "reward.max_error_fraction=0.5); the first: returned 1e+39; an agent returns a float reward (finite, "
+            "within float32) or {completion_id: reward}") in capsys.readouterr().err.splitlines()
 
 
 def test_unusable_results_stop_the_run_by_their_share_of_the_rollout_not_of_one_group(tok):
@@ -388,8 +394,9 @@ def test_unusable_results_stop_the_run_by_their_share_of_the_rollout_not_of_one_
     by_id = _samples(4)  # 0: returns 1e39, 2: returns {id: inf}, 3: returns 0.5
     groups = wf.rollout([by_id[0], by_id[3], by_id[3]], gconfig)
     assert [g.stats["agent/bad_results"].value for g in groups] == [1, 0, 0]
-    with pytest.raises(UserError, match=r"overflowing: 2 of 2 episodes of one rollout had an unusable result \(more "
-                                        r"than reward.max_error_fraction=0.5\); the first returned 1e\+39"):
+    with pytest.raises(UserError, match=r"overflowing: 2 of 2 episodes of one rollout failed \(more than "
+                                        r"reward.max_error_fraction=0.5\): 2 had an unusable result. Example: "
+                                        r"returned 1e\+39"):
         wf.rollout([by_id[0], by_id[2]], gconfig)
 
 
@@ -429,8 +436,11 @@ def test_an_agent_that_blocks_the_loop_for_good_is_abandoned_at_its_timeout_and_
     assert groups[0].stats["agent/blocked"].value == 1
     assert [g.stats["agent/timeouts"].value for g in groups] == [2, 2]
     assert all(g["loss_mask"].sum() == 0 for g in groups)  # nothing of the lost rollout is trained
-    assert "the rollout's 4 episodes end as timeouts (untrained) and the next rollout starts on a new loop" in \
-        capsys.readouterr().err
+    assert [g.stats["agent/abandoned"].value for g in groups] == [2, 2]
+    err = capsys.readouterr().err
+    assert ("warning: rollout.agent tests.rollout.test_agent.sleeps_in_the_loop: 4 of 4 episodes of this rollout "
+            "were abandoned with the episodes' event loop") in err
+    assert "the rollout's 4 episodes end as timeouts (untrained) and the next rollout starts on a new loop" in err
     later = wf.rollout(_paused(2, 0), gconfig)  # a new loop
     assert all(g["rewards"].eq(1.0).all() and g.stats["agent/timeouts"].value == 0 for g in later)
     assert later[0].stats["agent/blocked"].value == 0
