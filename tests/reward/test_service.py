@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from areal_trainer.errors import UserError
+from areal_trainer.failures import FailurePolicy
 from areal_trainer.reward.functions import RewardFunction, RewardSample
 from areal_trainer.reward.service import FunctionReward, RewardService, SourceResult
 
@@ -147,6 +148,27 @@ def test_too_many_failures_in_one_batch_stop_the_run_with_an_example():
                                         r"reward.max_error_fraction.$"):
         service.score(samples)
     assert service.score(samples[:2]).errors == [0, 1]  # half the batch is not more than half
+
+
+def test_the_reward_service_follows_the_failure_policy_it_is_given(capsys):
+    """The reward kind of the failure policy: its scores, its one-time notice and its stop rule, in its format."""
+    policy = FailurePolicy.of(error_value=-3.0, max_error_fraction=0.25)
+    service = RewardService([source("by_completion")], failures=policy)
+    assert service.failures is policy and service.error_value == -3.0
+    samples = [RewardSample("q", c, "a") for c in ("ok:1", "raise", "ok:0.5", "ok:0", "ok:1")]
+    assert service.score(samples).rewards == [1.0, -3.0, 0.5, 0.0, 1.0]  # 1 of 5 is not more than a quarter
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        "warning: reward source tests.plugins.by_completion: 1 of 5 samples of this batch raised (counted in "
+        "reward/errors; scored reward.error_value=-3; the run stops above reward.max_error_fraction=0.25); the first: "
+        "completion='raise' -> ValueError: cannot parse the completion")
+    service.score(samples)
+    assert capsys.readouterr().err == ""  # named once
+    with pytest.raises(UserError, match=r"^reward source tests.plugins.by_completion: 2 of 5 samples of one batch "
+                                        r"failed \(more than reward.max_error_fraction=0.25\): 2 raised"):
+        service.score([*samples[:4], RewardSample("q", "raise", "a")])
+    with pytest.raises(ValueError, match="give either failures or error_value"):
+        RewardService([source("by_completion")], failures=policy, error_value=0.0)
 
 
 def test_timeouts_do_not_count_towards_the_stop_unless_no_sample_got_a_reward():

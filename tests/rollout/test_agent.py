@@ -334,6 +334,58 @@ def test_a_tool_that_raises_or_is_misused_returns_its_error_to_the_model_and_is_
     assert g.stats["agent/tool_calls"].value == 0 and g.stats["agent/tool_errors"].value == 3
 
 
+TOOL_GATE = threading.Event()
+
+
+def slow_tool() -> str:
+    """Waits for the test to let it go."""
+    TOOL_GATE.wait(60)
+    return "late"
+
+
+async def slow_tool_user(data, *, client):
+    await client.chat.completions.create(model="m", messages=data["messages"], tools=[slow_tool])
+    result = await client.call_tool({"id": "c1", "function": {"name": "slow_tool", "arguments": "{}"}}, [slow_tool])
+    return 1.0 if result["content"] == "Error: tool 'slow_tool' timed out after 0.2 s." else 0.0
+
+
+def test_a_tool_past_the_policys_limit_is_abandoned_counted_and_named_once(tok, capsys):
+    """The tool kind of the failure policy: ``call_tool`` without a timeout gets the policy's; a plain ``def`` tool
+    past it is abandoned in its thread (a timeout, not an error), and the first is named once in the policy's
+    format."""
+    TOOL_GATE.clear()
+    policy = FailurePolicy.of(tool_timeout=0.2)
+    wf = AgentWorkflow(engine=Scripted(tok, "7"), tokenizer=tok, reward=REWARD, failures=policy,
+                       agent=load_agent("tests.rollout.test_agent.slow_tool_user", {}))
+    try:
+        groups = wf.rollout(_samples(2), GenerationHyperparameters(n_samples=1, max_new_tokens=4))
+    finally:
+        TOOL_GATE.set()
+    assert [g["rewards"].tolist() for g in groups] == [[1.0], [1.0]]  # the model read the timeout's text
+    assert [(g.stats["agent/tool_timeouts"].value, g.stats["agent/tool_abandoned"].value,
+             g.stats["agent/tool_errors"].value) for g in groups] == [(1, 1, 0), (1, 1, 0)]
+    err = capsys.readouterr().err.splitlines()
+    assert "warning: the tools of rollout.agent tests.rollout.test_agent.slow_tool_user: 2 of 2 tool calls of this " \
+           "rollout ran out of time (counted in agent/tool_timeouts; ended after client.call_tool(timeout=...)=0.2 s " \
+           "(cancelled or abandoned); the model reads the error text as the result); the first: 'slow_tool' " \
+           "abandoned after 0.2 s" in err
+    assert sum("could not be stopped (counted in agent/tool_abandoned" in line for line in err) == 1
+    wf.rollout(_samples(1), GenerationHyperparameters(n_samples=1, max_new_tokens=4))  # the gate is open now
+    assert "tool" not in capsys.readouterr().err
+
+
+def test_episodes_take_their_limit_and_score_from_the_failure_policy(tok):
+    """The agent kind of the failure policy: ``rollout.agent_timeout`` and ``reward.error_value`` as bound, with no
+    ``timeout`` of the workflow's own."""
+    policy = FailurePolicy.of(error_value=-5.0, agent_timeout=1.0)
+    wf = AgentWorkflow(engine=Scripted(tok, "7"), tokenizer=tok, reward=REWARD, failures=policy,
+                       agent=load_agent("tests.rollout.test_agent.hanging", {}))
+    assert wf.timeout == 1.0 and wf.rows.failures is policy
+    groups = wf.rollout(_samples(2), GenerationHyperparameters(n_samples=1, max_new_tokens=4))
+    assert [g["rewards"].tolist() for g in groups] == [[-5.0], [1.0]]
+    assert [(g.stats["agent/timeouts"].value, g.stats["agent/abandoned"].value) for g in groups] == [(1, 0), (0, 0)]
+
+
 def test_every_rollout_call_runs_on_one_loop_and_a_class_agents_close_is_awaited_on_it(tok):
     wf = _workflow(Scripted(tok, "7"), tok, "tests.agents.simple.LoopBound")
     g = GenerationHyperparameters(n_samples=2, max_new_tokens=4)
