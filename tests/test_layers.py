@@ -1,7 +1,7 @@
 """The package's layers import downward only, and no import cycle exists, lazy imports included.
 
 Layers, bottom to top (docs/architecture.md): small utilities (``errors``, ``dtypes``, ``metrics``,
-``faults``, then ``plugins``); the pure maths (``loss``, which imports nothing of the package but
+``faults``, then ``plugins`` and ``failures``); the pure maths (``loss``, which imports nothing of the package but
 ``errors``, then ``advantage``, which imports only the loss and ``errors``); ``config``; the parallelism
 helpers (``fsdp``, then ``dist``); ``model``; the peers ``data``, ``reward``, ``rollout``, ``tracking``,
 which do not import each other; ``components``, which binds a configuration to everything below;
@@ -22,9 +22,9 @@ import os
 import pytest
 
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "areal_trainer")
-LAYERS = [("errors", "dtypes", "metrics", "faults", "moved"), ("plugins",), ("loss",), ("advantage",), ("config",),
-          ("fsdp",), ("dist",), ("model",), ("data", "reward", "rollout", "tracking"), ("components",), ("train",),
-          ("launch",), ("__main__", "__init__")]
+LAYERS = [("errors", "dtypes", "metrics", "faults", "moved"), ("plugins", "failures"), ("loss",), ("advantage",),
+          ("config",), ("fsdp",), ("dist",), ("model",), ("data", "reward", "rollout", "tracking"), ("components",),
+          ("train",), ("launch",), ("__main__", "__init__")]
 HANDED_CONFIG = {u for units in LAYERS[:LAYERS.index(("components",))] for u in units} - {"config"}
 """The units below ``components``: they never import ``config``."""
 RANK = {unit: i for i, units in enumerate(LAYERS) for unit in units}

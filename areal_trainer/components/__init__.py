@@ -92,9 +92,9 @@ def problems_and_build(cfg: TrainerConfig, *, light: bool = False) -> tuple[list
     """Every problem and warning of ``cfg``, and its components when there is no problem. ``light``: only
     the checks that import neither torch nor transformers (see the module docstring), and no components."""
     problems, warns = collect(cfg, light=light)
-    reward = bind_reward(cfg.reward, problems, light=light)
+    reward = bind_reward(cfg.reward, problems, light=light, agent_timeout=cfg.rollout.agent_timeout)
     verifier = bind_verifier(cfg, reward, problems)
-    rollout = bind_rollout(cfg, problems, light=light, warns=warns)
+    rollout = bind_rollout(cfg, problems, light=light, warns=warns, failures=reward.failures if reward else None)
     if not light:
         from .advantage import bind_advantage
         from .loss import bind_policy_loss, policy_plan

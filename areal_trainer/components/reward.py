@@ -1,5 +1,7 @@
 """Binding ``reward.*`` once: the reward functions (either signature), a reward model, a scoring service,
-and how they combine. Nothing starts here (no worker process, no model): :meth:`RewardSpec.start` does
+how they combine, and the run's one failure policy of user code (``areal_trainer/failures.py``: reward
+functions, the code box, agents' tools and agent episodes), which the reward service, the agent workflow and
+its tools all receive. Nothing starts here (no worker process, no model): :meth:`RewardSpec.start` does
 that when the run begins, and the run closes what it started.
 
 The sources, in the order ``reward.weights`` follows: the functions of ``reward.fn`` (in list order),
@@ -12,7 +14,10 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import is_number
+from ..failures import CODE_TIMEOUT, FailurePolicy
 from ..plugins import PluginError
+from ..reward.code import unit_tests
 from ..reward.functions import RewardFunction
 from ..reward.remote import url_problems
 
@@ -24,10 +29,9 @@ class RewardSpec:
     functions: tuple[RewardFunction, ...]
     weights: tuple[float, ...] | None
     workers: int
-    timeout: float
-    timeout_value: float
-    error_value: float
-    max_error_fraction: float
+    failures: FailurePolicy
+    """The run's failure policy (``reward.timeout``, ``reward.error_value``, ``reward.timeout_value``,
+    ``reward.max_error_fraction``, the code box's limit, ``rollout.agent_timeout``)."""
     model: dict[str, Any] | None = None
     """``ModelReward``'s arguments (``path``, ``dtype``, ``micro_batch_size``), or None without a reward model."""
     remote: dict[str, Any] | None = None
@@ -51,21 +55,32 @@ class RewardSpec:
         from ..reward.remote import RemoteReward
         from ..reward.service import FunctionReward, RewardService
 
-        sources: list = [FunctionReward(fn, workers=self.workers, timeout=self.timeout) for fn in self.functions]
+        sources: list = [FunctionReward(fn, workers=self.workers, timeout=self.failures.reward.timeout)
+                         for fn in self.functions]
         if self.model:
             sources.append(ModelSource(ModelReward(device=device, **self.model)))
         if self.remote:
             sources.append(RemoteReward(**self.remote))
-        return RewardService(sources, weights=list(self.weights) if self.weights else None,
-                             error_value=self.error_value, timeout_value=self.timeout_value,
-                             max_error_fraction=self.max_error_fraction)
+        return RewardService(sources, weights=list(self.weights) if self.weights else None, failures=self.failures)
 
 
-def bind_reward(r, problems: list[str], *, light: bool = False) -> RewardSpec | None:
+def bind_failures(r, functions: list[RewardFunction], agent_timeout: float | None = None) -> FailurePolicy:
+    """The failure policy of the ``reward`` section ``r``, its bound ``functions`` (the code box's limit is
+    ``unit_tests``' ``timeout``: the longest where several are bound) and ``rollout.agent_timeout``."""
+    boxes = [fn.kwargs.get("timeout", CODE_TIMEOUT) for fn in functions if fn.fn is unit_tests]
+    boxes = [float(t) for t in boxes if is_number(t)]  # a bad one is the function's own start-up problem
+    return FailurePolicy.of(error_value=float(r.error_value), timeout_value=float(r.timeout_value),
+                            max_error_fraction=float(r.max_error_fraction), reward_timeout=float(r.timeout),
+                            reward_workers=r.workers, code_timeout=max(boxes, default=None),
+                            agent_timeout=agent_timeout)
+
+
+def bind_reward(r, problems: list[str], *, light: bool = False, agent_timeout: float | None = None
+                ) -> RewardSpec | None:
     """The reward ``r`` (the ``reward`` section) describes; every problem is appended to ``problems``. A section
     whose values break its rules (``config/reward.py``, reported by the config's own check) is not bound.
     ``light``: without the check of ``reward.model.path``'s files, whose module (``reward/model.py``) imports
-    torch and transformers."""
+    torch and transformers. ``agent_timeout``: ``rollout.agent_timeout``, for the failure policy."""
     if r.check("reward"):
         return None
     n = len(problems)
@@ -79,6 +94,8 @@ def bind_reward(r, problems: list[str], *, light: bool = False) -> RewardSpec | 
             problems.append(str(e))
     if not light:  # runs a process or two (a code reward's probe of its box): not on the command line's fast path
         problems += [p for fn in functions for p in fn.startup_problems()]
+    failures = bind_failures(r, functions, agent_timeout)
+    problems += failures.problems()
     if r.url is not None:
         problems += url_problems(r.url, "reward.url")
     if r.model.path and not light:
@@ -92,6 +109,4 @@ def bind_reward(r, problems: list[str], *, light: bool = False) -> RewardSpec | 
     remote = dict(url=r.url, timeout=r.url_timeout, retries=r.url_retries, max_concurrent=r.url_max_concurrent,
                   batch_size=r.url_batch_size) if r.url else None
     return RewardSpec(tuple(functions), None if r.weights is None else tuple(float(w) for w in r.weights),
-                      workers=r.workers, timeout=float(r.timeout), timeout_value=float(r.timeout_value),
-                      error_value=float(r.error_value), max_error_fraction=float(r.max_error_fraction),
-                      model=model, remote=remote)
+                      workers=r.workers, failures=failures, model=model, remote=remote)

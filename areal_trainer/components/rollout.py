@@ -15,6 +15,7 @@ from typing import Any
 
 from ..config.servers import using_servers
 from ..errors import one_of
+from ..failures import FailurePolicy
 from ..plugins import PluginError, check_signature, resolve
 from ..rollout.agents.spec import load_agent
 from ..rollout.agents.tool_parsers import get_parser
@@ -37,16 +38,19 @@ class RolloutParts:
     evaluation undoes to judge an agent episode's own reward."""
 
 
-def bind_rollout(cfg, problems: list[str], *, light: bool = False, warns: list[str] | None = None
-                 ) -> RolloutParts | None:
+def bind_rollout(cfg, problems: list[str], *, light: bool = False, warns: list[str] | None = None,
+                 failures: FailurePolicy | None = None) -> RolloutParts | None:
     """The rollout's parts; every problem is appended to ``problems`` (None when there were any, and with
     ``light``), every warning to ``warns``. ``light``: without resolving the workflow or filter when it is one
-    of this package's own, whose modules import torch (a user's path is resolved: its imports are the user's)."""
+    of this package's own, whose modules import torch (a user's path is resolved: its imports are the user's).
+    ``failures``: the run's failure policy (``components/reward.py::bind_failures``), which the agent workflow
+    and its tools follow (None: the defaults, with ``rollout.agent_timeout``)."""
     r = cfg.rollout
     n = len(problems)
     engine = _engine(cfg, problems, light)
     if r.agent is not None:
-        workflow, workflow_kwargs = _agent(cfg, problems, light)
+        failures = failures if failures is not None else FailurePolicy.of(agent_timeout=r.agent_timeout)
+        workflow, workflow_kwargs = _agent(cfg, problems, light, failures)
     elif light and _own(r.workflow):
         workflow, workflow_kwargs = None, {}
     else:
@@ -93,7 +97,7 @@ def _own(path: Any) -> bool:
     return isinstance(path, str) and path.partition(":")[0].split(".")[0] == "areal_trainer"
 
 
-def _agent(cfg, problems: list[str], light: bool = False) -> tuple[type | None, dict[str, Any]]:
+def _agent(cfg, problems: list[str], light: bool, failures: FailurePolicy) -> tuple[type | None, dict[str, Any]]:
     """``rollout.agent`` as the agent workflow and its bound settings (``rollout/agents/workflow.py``; ``light``: only
     the checks, since that module imports torch)."""
     r = cfg.rollout
@@ -110,7 +114,7 @@ def _agent(cfg, problems: list[str], light: bool = False) -> tuple[type | None, 
         return None, {}
     from ..rollout.agents.workflow import AgentWorkflow
 
-    return AgentWorkflow, dict(agent=spec, timeout=r.agent_timeout, export=r.agent_export,
+    return AgentWorkflow, dict(agent=spec, failures=failures, export=r.agent_export,
                                chat_template_type=r.chat_template_type, turn_discount=_agent_discount(r),
                                tool_call_parser=r.tool_call_parser,
                                batching=r.agent_batching, batch_wait=r.agent_batch_wait,

@@ -82,8 +82,8 @@ class RolloutConfig(Checked):
     agent_kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of the agent class's constructor, or of every call of the agent function."""
     agent_timeout: float | None = None
-    """Seconds an episode may take; a longer one is cancelled, scores ``reward.error_value`` and is counted
-    (null: no limit)."""
+    """Seconds an episode may take; a longer one is cancelled (a plain ``def run`` is abandoned in its thread),
+    scores ``reward.error_value`` and is counted in ``agent/timeouts`` (null: no limit)."""
     agent_export: str = "individual"
     """Rows of an agent episode: ``individual`` (each model call is a row) or ``concat`` (calls whose prompt
     extends the previous call's prompt and output exactly share one row)."""

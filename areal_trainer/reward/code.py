@@ -54,6 +54,7 @@ import textwrap
 import time
 
 from ..errors import UserError
+from ..failures import CODE_TIMEOUT
 from . import completion_text, judge, keeper
 from .box import wire
 
@@ -69,7 +70,7 @@ _PYTHON_TAGS = {"", "python", "py", "python3"}
 _warned: set[str] = set()
 
 
-def unit_tests(prompt, completion, answer, *, tests=None, timeout: float = 5.0, memory_mb: int = 512,
+def unit_tests(prompt, completion, answer, *, tests=None, timeout: float = CODE_TIMEOUT, memory_mb: int = 512,
                isolation: str = "auto", **fields) -> float:
     """Fraction of ``tests`` (the row's column; ``answer`` when it has none) that pass after the
     completion's code (a conversational completion: its last message's); see the module docstring.
@@ -202,7 +203,7 @@ def startup_problems(kwargs: dict, *, key: str = "reward.fn") -> list[str]:
     (with what failed and the opt-out key). Logs once what is in force (``sandbox: namespaces+seccomp``,
     ``sandbox: landlock+seccomp``); ``isolation=off`` where isolation works is a warning naming what is
     given up."""
-    timeout, memory_mb = kwargs.get("timeout", 5.0), kwargs.get("memory_mb", 512)
+    timeout, memory_mb = kwargs.get("timeout", CODE_TIMEOUT), kwargs.get("memory_mb", 512)
     isolation = kwargs.get("isolation", "auto")
     try:
         _check_limits(timeout, memory_mb, isolation)

@@ -7,11 +7,12 @@ sum of its sources' values:
 
 * ``None`` ("not applicable", as in TRL) is left out of the sum and counted (``reward/none``); a
   sample no source applies to gets 0.0 (``reward/all_none``);
-* a call that raised, returned NaN/inf or a finite number beyond float32 (``1e39``: infinite in the trainer's
-  tensors), or whose worker died scores ``error_value``, one that ran out of time ``timeout_value`` (counted in
-  ``reward/errors``, ``reward/nonfinite``, ``reward/out_of_range``, ``reward/worker_deaths``,
-  ``reward/timeouts``): one bad sample never stops training; each source's first unusable value is named
-  once, with its sample; a weighted sum beyond float32 scores ``error_value`` too (``reward/out_of_range``);
+* failures follow the run's one failure policy (``areal_trainer/failures.py``, its ``reward`` kind): a call
+  that raised, returned NaN/inf or a finite number beyond float32 (``1e39``: infinite in the trainer's
+  tensors), or whose worker died scores ``error_value``, one that ran out of time ``timeout_value`` (counted
+  in ``reward/errors``, ``reward/nonfinite``, ``reward/out_of_range``, ``reward/worker_deaths``,
+  ``reward/timeouts``): one bad sample never stops training; each source's first failure of each kind is
+  named once, with its sample; a weighted sum beyond float32 scores ``error_value`` too (``reward/out_of_range``);
 * but when more than ``max_error_fraction`` of one batch failed for a source (timeouts aside: they
   depend on the machine's load more than on the function), or it gave no reward for any sample of a batch
   (timeouts included), the function is broken for this data and the run stops with
@@ -25,13 +26,13 @@ from __future__ import annotations
 
 import asyncio
 import numbers
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 from ..dtypes import fits_float32
 from ..errors import UserError
+from ..failures import FailurePolicy, Notices
 from ..metrics import Mean, Metric, Sum
 from .dispatch import CallOutcome
 from .functions import RewardFunction, RewardSample, classify
@@ -42,8 +43,12 @@ COUNTERS = ("errors", "timeouts", "worker_deaths", "nonfinite", "out_of_range", 
 _COUNTER_OF = {"error": "errors", "timeout": "timeouts", "died": "worker_deaths", "nonfinite": "nonfinite",
                "out_of_range": "out_of_range", "none": "none"}
 _FAILURES = ("error", "died", "nonfinite", "out_of_range")
-_UNUSABLE = {"nonfinite": "NaN or infinite", "out_of_range": "beyond float32, infinite in the trainer's tensors"}
 """Statuses that count towards ``max_error_fraction``."""
+_UNUSABLE = ("nonfinite", "out_of_range")
+_HOW = {"error": "raised", "died": "killed their worker process", "nonfinite": "returned NaN or infinity",
+        "out_of_range": "returned a number beyond float32, infinite in the trainer's tensors",
+        "timeout": "ran out of time"}
+"""How the calls of each status failed, in the failure policy's messages."""
 
 
 class SourceResult(NamedTuple):
@@ -56,16 +61,11 @@ class SourceResult(NamedTuple):
     @classmethod
     def from_values(cls, values: Sequence[Any], label: str) -> SourceResult:
         """Classify plain results (numbers or None); anything else is a :class:`UserError`."""
-        out = cls([], [], [])
         for v in values:
             if v is not None and not isinstance(v, numbers.Real):
                 raise UserError(f"reward source {label} gave {v!r:.200} ({type(v).__name__}); a reward must be a "
                                 "number or None.")
-            status, x = ("none", None) if v is None else classify(v)
-            out.values.append(x if status == "ok" else None)
-            out.status.append(status)
-            out.details.append(f"returned {x!r:.100}" if status in _UNUSABLE else "")
-        return out
+        return _collect(("none", None, "") if v is None else _row(*classify(v)) for v in values)
 
 
 class RewardSource(Protocol):
@@ -185,21 +185,29 @@ class RewardScores:
 class RewardService:
     """Combine reward sources into per-sample rewards (see the module docs)."""
 
-    def __init__(self, sources: list, *, weights: list[float] | None = None, error_value: float = 0.0,
-                 timeout_value: float = 0.0, max_error_fraction: float = 0.5):
+    def __init__(self, sources: list, *, weights: list[float] | None = None, failures: FailurePolicy | None = None,
+                 error_value: float | None = None, timeout_value: float | None = None,
+                 max_error_fraction: float | None = None):
         if not sources:
             raise ValueError("RewardService needs at least one reward source")
         if weights is not None and len(weights) != len(sources):
             raise ValueError(f"{len(weights)} weights for {len(sources)} reward sources; give one weight per source")
-        if not 0.0 <= max_error_fraction <= 1.0:
-            raise ValueError(f"max_error_fraction must be in [0, 1], got {max_error_fraction!r}")
+        values = {k: v for k, v in dict(error_value=error_value, timeout_value=timeout_value,
+                                        max_error_fraction=max_error_fraction).items() if v is not None}
+        if failures is not None and values:
+            raise ValueError(f"give either failures or {', '.join(values)}: the policy holds them")
+        # Without a policy, the sources carry their own time limits (``FunctionReward(timeout=...)``).
+        self.failures = failures if failures is not None else FailurePolicy.of(reward_timeout=None, **values)
+        """The run's failure policy; this service keeps its ``reward`` kind."""
         self.sources = list(sources)
         self.weights = [1.0] * len(sources) if weights is None else [float(w) for w in weights]
-        self.error_value, self.timeout_value = float(error_value), float(timeout_value)
-        self.max_error_fraction = float(max_error_fraction)
         self.names = unique_names([s.name for s in self.sources])
-        self._named: set[tuple[str, str]] = set()
-        """(source, status) pairs whose first unusable value was named already."""
+        self._notices = Notices()
+
+    # The reward kind's values, as the service offered them before the policy held them.
+    error_value = property(lambda self: self.failures.reward.error_value)
+    timeout_value = property(lambda self: self.failures.reward.timeout_value)
+    max_error_fraction = property(lambda self: self.failures.reward.max_error_fraction)
 
     def score(self, samples: Sequence[RewardSample]) -> RewardScores:
         """:meth:`ascore` from synchronous code (also from a thread that runs an event loop)."""
@@ -221,7 +229,7 @@ class RewardService:
         for name, weight, result in zip(self.names, self.weights, results):
             self._add(scores, name, weight, result)
         for source, result in zip(self.sources, results):
-            self._name_unusable(source, result, samples)
+            self._name_failures(source, result, samples)
         for i, total in enumerate(scores.rewards):
             if not fits_float32(total):  # each value in range, their weighted sum is not
                 scores.rewards[i] = self.error_value
@@ -258,40 +266,35 @@ class RewardService:
         return result
 
     def _check_failures(self, source, result: SourceResult, samples: list[RewardSample]) -> None:
+        """The policy's stop rules: too many failures in one batch, or no reward for any sample of it."""
+        policy, label = self.failures.reward, getattr(source, "label", source.name)
         failed = [i for i, st in enumerate(result.status) if st in _FAILURES]
-        timeouts = result.status.count("timeout")
-        if samples and len(failed) + timeouts == len(samples) and timeouts:
-            label = getattr(source, "label", source.name)
-            raise UserError(f"reward source {label} gave no reward for any of the {len(samples)} samples of one "
-                            f"batch: {timeouts} ran past reward.timeout and {len(failed)} failed. Training on "
-                            "reward.timeout_value alone teaches nothing: make the function faster, raise "
-                            "reward.timeout, or give it more reward.workers.")
-        if len(failed) <= self.max_error_fraction * len(samples):
+        policy.check_some_result(label, total=len(samples), timeouts=result.status.count("timeout"),
+                                 failed=len(failed), change=f"make the function faster, raise {policy.timeout_key}, "
+                                                            "or give it more reward.workers.")
+        if not policy.too_many(len(failed), len(samples)):
             return
         counts = {st: result.status.count(st) for st in _FAILURES}
         i = failed[0]
-        label = getattr(source, "label", source.name)
         beyond = f", {counts['out_of_range']} a number beyond float32" if counts["out_of_range"] else ""
-        raise UserError(
-            f"reward source {label} failed on {len(failed)} of {len(samples)} samples of one batch (more than "
-            f"max_error_fraction={self.max_error_fraction}): {counts['error']} raised, {counts['died']} killed "
-            f"their worker process, {counts['nonfinite']} returned NaN or infinity{beyond}. Example: "
-            f"completion={_excerpt(samples[i].completion)!r}, answer={_excerpt(samples[i].answer, 100)!r} -> "
-            f"{result.details[i]}. Fix the function (workers=0 runs it in the trainer, for a debugger), or raise "
-            "max_error_fraction.")
+        raise policy.stop(
+            label, failed=len(failed), total=len(samples),
+            ways=f"{counts['error']} raised, {counts['died']} killed their worker process, {counts['nonfinite']} "
+                 f"returned NaN or infinity{beyond}",
+            example=f"completion={_excerpt(samples[i].completion)!r}, answer={_excerpt(samples[i].answer, 100)!r} -> "
+                    f"{result.details[i]}",
+            change=f"Fix the function (reward.workers=0 runs it in the trainer, for a debugger), or raise "
+                   f"{policy.fraction_key}.")
 
-    def _name_unusable(self, source, result: SourceResult, samples: list[RewardSample]) -> None:
-        """A warning for the first NaN, infinite or out-of-range value of each source (then only counted)."""
+    def _name_failures(self, source, result: SourceResult, samples: list[RewardSample]) -> None:
+        """Name each source's first failure of each kind once (then it is only counted)."""
         label = getattr(source, "label", source.name)
-        for status, what in _UNUSABLE.items():
-            if (label, status) in self._named or status not in result.status:
-                continue
-            self._named.add((label, status))
-            i, n = result.status.index(status), result.status.count(status)
-            print(f"warning: reward source {label} {result.details[i]} ({what}) on {n} of {len(samples)} samples "
-                  f"of this batch, e.g. for completion={_excerpt(samples[i].completion, 80)!r}; such samples score "
-                  f"reward.error_value={self.error_value:g} and are counted in reward/{_COUNTER_OF[status]} (this "
-                  "warning is not repeated).", file=sys.stderr, flush=True)
+        for status, how in _HOW.items():
+            if status in result.status:
+                i = result.status.index(status)
+                self._notices.name(self.failures.reward, label, count=result.status.count(status), total=len(samples),
+                                   how=how, counter=_COUNTER_OF[status],
+                                   example=f"completion={_excerpt(samples[i].completion, 80)!r} -> {result.details[i]}")
 
     def _add(self, scores: RewardScores, name: str, weight: float, result: SourceResult) -> None:
         scored = scores.values[name]

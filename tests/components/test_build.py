@@ -6,7 +6,7 @@ import os
 import pytest
 
 import areal_trainer.plugins as plugins
-from areal_trainer.components import build, load, load_config
+from areal_trainer.components import build, early_problems, load, load_config
 from areal_trainer.config import ConfigError
 
 
@@ -76,3 +76,34 @@ def test_components_do_not_share_objects_with_the_config():
     assert norm is not built.config.actor.adv_norm and norm.mean_level == built.config.actor.adv_norm.mean_level
     built.config.actor.adv_norm.mean_level = "group"
     assert built.advantage.stages.settings.adv_norm.mean_level == "batch"
+
+
+def test_one_failure_policy_is_bound_and_handed_to_the_rewards_the_agent_and_its_tools():
+    built = build(load_config("grpo", ["reward.timeout=12", "reward.error_value=-1", "reward.timeout_value=-2",
+                                       "reward.max_error_fraction=0.25", "rollout.agent_timeout=7",
+                                       "rollout.agent=tests.agents.simple.answer_once"]))
+    policy = built.reward.failures
+    assert (policy.reward.timeout, policy.reward.error_value, policy.reward.timeout_value,
+            policy.reward.max_error_fraction) == (12.0, -1.0, -2.0, 0.25)
+    assert (policy.agent.timeout, policy.agent.error_value, policy.agent.max_error_fraction) == (7.0, -1.0, 0.25)
+    assert built.rollout.workflow_kwargs["failures"] is policy  # the agent workflow (and its tools) get the same one
+    service = built.reward.start(device=None)
+    try:
+        assert service.failures is policy and [s.pool.timeout for s in service.sources] == [12.0]
+    finally:
+        service.close()
+
+
+def test_a_code_box_longer_than_its_reward_call_is_refused_before_anything_loads():
+    """The code kind of the failure policy: ``reward.kwargs.timeout`` is the box's limit, and it must end before
+    the reward call that runs it (``reward.timeout``)."""
+    code = ["reward.fn=areal_trainer.reward.code.unit_tests", "reward.timeout=10"]
+    assert load("grpo", code).reward.failures.code.timeout == 5.0  # unit_tests' default
+    assert load("grpo", [*code, "+reward.kwargs.timeout=4"]).reward.failures.code.timeout == 4.0
+    refused = ("reward.kwargs.timeout: got 10; must be < reward.timeout=10 seconds: unit_tests's box runs inside a "
+               "reward call, whose worker would be killed first and score every slow program reward.timeout_value. "
+               "Lower reward.kwargs.timeout or raise reward.timeout.")
+    with pytest.raises(ConfigError) as e:
+        load("grpo", [*code, "+reward.kwargs.timeout=10"])
+    assert e.value.problems == [refused]
+    assert early_problems("grpo", [*code, "+reward.kwargs.timeout=10"]) == [refused]  # the command line's checks

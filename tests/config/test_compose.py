@@ -237,7 +237,8 @@ def test_an_agent_binds_to_the_agent_workflow_with_its_settings():
     assert parts.workflow is AgentWorkflow
     kw = parts.workflow_kwargs
     assert kw["agent"].kwargs == {"calls": 3} and kw["agent"].style == "client" and kw["agent"].is_class
-    assert (kw["export"], kw["turn_discount"], kw["timeout"], kw["tool_call_parser"]) == ("concat", 0.9, 30.0, "hermes")
+    assert (kw["export"], kw["turn_discount"], kw["tool_call_parser"]) == ("concat", 0.9, "hermes")
+    assert kw["failures"].agent.timeout == 30.0 and kw["failures"] is built.reward.failures  # the run's one policy
     assert kw["chat_template_type"] == "hf" and parts.turn_discount == 0.9
     parts = load("grpo", ["rollout.agent=tests.agents.simple.SlowAgent", "rollout.chat_template_type=concat"]).rollout
     assert parts.workflow_kwargs["chat_template_type"] == "concat"

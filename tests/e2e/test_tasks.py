@@ -108,8 +108,10 @@ def test_a_reward_of_1e39_on_one_prompt_in_eight_is_counted_named_once_and_the_r
     assert [records[s]["reward/out_of_range"] for s in (1, 2)] == [2.0, 2.0]  # its prompt's two answers each step
     assert all(math.isfinite(v) for r in records.values() for v in r.values() if isinstance(v, float))
     lines = [x for x in proc.stderr.splitlines() if "1e+39" in x]
-    assert len(lines) == 1 and lines[0].startswith("warning: reward source tests.plugins.by_mode returned 1e+39 "
-                                                   "(beyond float32, infinite in the trainer's tensors)"), lines
+    assert len(lines) == 1 and lines[0].startswith("warning: reward source tests.plugins.by_mode: 2 of 16 samples of "
+                                                   "this batch returned a number beyond float32, infinite in the "
+                                                   "trainer's tensors (counted in reward/out_of_range"), lines
+    assert lines[0].endswith("-> returned 1e+39"), lines
 
 
 # -- reward models and scoring services --------------------------------------------------------------

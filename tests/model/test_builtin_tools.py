@@ -14,6 +14,7 @@ import torch
 from areal_trainer.config.schema import GenerationHyperparameters
 from areal_trainer.data import arith
 from areal_trainer.errors import UserError
+from areal_trainer.failures import FailurePolicy
 from areal_trainer.model import builtin
 from areal_trainer.model.chat import template_message
 from areal_trainer.model.load import load_causal_lm, load_positions, load_tokenizer
@@ -193,7 +194,7 @@ class Teacher:
 def test_calculator_episodes_concatenate_into_one_row_each(tok, expression, reward):
     spec = load_agent("examples.agents.calculator.agent.run", {})
     wf = AgentWorkflow(engine=Teacher(tok, expression), tokenizer=tok, agent=spec, export="concat",
-                       reward=types.SimpleNamespace(error_value=-1.0, max_error_fraction=0.5))
+                       reward=types.SimpleNamespace(), failures=FailurePolicy.of(error_value=-1.0))
     sample = {"messages": [{"role": "user", "content": QUESTION}], "prompt": QUESTION, "answer": "12 - 5 = 7\n#### 7",
               "fields": {}}
     [group] = wf.rollout([sample], GenerationHyperparameters(n_samples=2, max_new_tokens=40))

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from areal_trainer.errors import UserError
+from areal_trainer.failures import FailurePolicy
 from areal_trainer.reward.functions import RewardFunction, RewardSample
 from areal_trainer.reward.service import FunctionReward, RewardService, SourceResult
 
@@ -121,12 +122,12 @@ def test_values_beyond_float32_are_counted_named_once_and_never_reach_the_batch(
     assert scores.metrics()["reward/out_of_range"] == 2.0
     err = capsys.readouterr().err.splitlines()
     assert err == [
-        "warning: reward source tests.plugins.by_completion returned nan (NaN or infinite) on 1 of 6 samples of "
-        "this batch, e.g. for completion='nan'; such samples score reward.error_value=-1 and are counted in "
-        "reward/nonfinite (this warning is not repeated).",
-        "warning: reward source tests.plugins.by_completion returned 1e+39 (beyond float32, infinite in the "
-        "trainer's tensors) on 2 of 6 samples of this batch, e.g. for completion='ok:1e39'; such samples score "
-        "reward.error_value=-1 and are counted in reward/out_of_range (this warning is not repeated)."]
+        "warning: reward source tests.plugins.by_completion: 1 of 6 samples of this batch returned NaN or infinity "
+        "(counted in reward/nonfinite; scored reward.error_value=-1; the run stops above "
+        "reward.max_error_fraction=0.9); the first: completion='nan' -> returned nan",
+        "warning: reward source tests.plugins.by_completion: 2 of 6 samples of this batch returned a number beyond "
+        "float32, infinite in the trainer's tensors (counted in reward/out_of_range; scored reward.error_value=-1; "
+        "the run stops above reward.max_error_fraction=0.9); the first: completion='ok:1e39' -> returned 1e+39"]
     service.score(samples)
     assert capsys.readouterr().err == ""  # named once per source and kind
     # each value in range, the weighted sum not: scored error_value, counted once
@@ -139,12 +140,35 @@ def test_values_beyond_float32_are_counted_named_once_and_never_reach_the_batch(
 def test_too_many_failures_in_one_batch_stop_the_run_with_an_example():
     samples = [RewardSample("q", c, "a") for c in ("ok", "raise", "nan", "raise")]
     service = RewardService([source("by_completion")], max_error_fraction=0.5)
-    with pytest.raises(UserError, match=r"^reward source tests.plugins.by_completion failed on 3 of 4 samples "
-                                        r"of one batch \(more than max_error_fraction=0.5\): 2 raised, 0 killed their "
+    with pytest.raises(UserError, match=r"^reward source tests.plugins.by_completion: 3 of 4 samples of one batch "
+                                        r"failed \(more than reward.max_error_fraction=0.5\): 2 raised, 0 killed their "
                                         r"worker process, 1 returned NaN or infinity. Example: completion='raise', "
-                                        r"answer='a' -> ValueError: cannot parse the completion"):
+                                        r"answer='a' -> ValueError: cannot parse the completion .*\. Fix the function "
+                                        r"\(reward.workers=0 runs it in the trainer, for a debugger\), or raise "
+                                        r"reward.max_error_fraction.$"):
         service.score(samples)
     assert service.score(samples[:2]).errors == [0, 1]  # half the batch is not more than half
+
+
+def test_the_reward_service_follows_the_failure_policy_it_is_given(capsys):
+    """The reward kind of the failure policy: its scores, its one-time notice and its stop rule, in its format."""
+    policy = FailurePolicy.of(error_value=-3.0, max_error_fraction=0.25)
+    service = RewardService([source("by_completion")], failures=policy)
+    assert service.failures is policy and service.error_value == -3.0
+    samples = [RewardSample("q", c, "a") for c in ("ok:1", "raise", "ok:0.5", "ok:0", "ok:1")]
+    assert service.score(samples).rewards == [1.0, -3.0, 0.5, 0.0, 1.0]  # 1 of 5 is not more than a quarter
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        "warning: reward source tests.plugins.by_completion: 1 of 5 samples of this batch raised (counted in "
+        "reward/errors; scored reward.error_value=-3; the run stops above reward.max_error_fraction=0.25); the first: "
+        "completion='raise' -> ValueError: cannot parse the completion")
+    service.score(samples)
+    assert capsys.readouterr().err == ""  # named once
+    with pytest.raises(UserError, match=r"^reward source tests.plugins.by_completion: 2 of 5 samples of one batch "
+                                        r"failed \(more than reward.max_error_fraction=0.25\): 2 raised"):
+        service.score([*samples[:4], RewardSample("q", "raise", "a")])
+    with pytest.raises(ValueError, match="give either failures or error_value"):
+        RewardService([source("by_completion")], failures=policy, error_value=0.0)
 
 
 def test_timeouts_do_not_count_towards_the_stop_unless_no_sample_got_a_reward():
@@ -161,7 +185,7 @@ def test_timeouts_do_not_count_towards_the_stop_unless_no_sample_got_a_reward():
 
     scores = RewardService([TimesOut(ok=1)], timeout_value=-0.5, max_error_fraction=0.0).score(ROWS)
     assert scores.rewards == [-0.5, -0.5, 1.0] and scores.timeouts == [1, 1, 0]
-    with pytest.raises(UserError, match=r"^reward source slow gave no reward for any of the 3 samples of one batch: "
+    with pytest.raises(UserError, match=r"^reward source slow: 3 of 3 samples of one batch gave no result: "
                                         r"3 ran past reward.timeout and 0 failed\. .* raise reward.timeout"):
         RewardService([TimesOut(ok=0)], timeout_value=-0.5).score(ROWS)
 

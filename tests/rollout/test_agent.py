@@ -12,6 +12,7 @@ import torch
 
 from areal_trainer.config.schema import GenerationHyperparameters
 from areal_trainer.errors import UserError
+from areal_trainer.failures import FailurePolicy
 from areal_trainer.metrics import Sum
 from areal_trainer.model.builtin import build_model, build_tokenizer
 from areal_trainer.plugins import PluginError
@@ -21,7 +22,8 @@ from areal_trainer.rollout.engines.hf import HFEngine
 from areal_trainer.rollout.types import Generation
 
 CPU = torch.device("cpu")
-REWARD = types.SimpleNamespace(error_value=-1.0, max_error_fraction=0.5)
+REWARD = types.SimpleNamespace()  # the agent workflow scores through the failure policy, not the reward service
+FAILURES = FailurePolicy.of(error_value=-1.0, max_error_fraction=0.5)
 # Qwen3's template renders an earlier assistant message without its reasoning: only the text after </think>.
 THINK_DROPPING = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
@@ -65,7 +67,7 @@ class Scripted:
 
 def _workflow(engine, tok, agent, **kw):
     spec = load_agent(agent, kw.pop("agent_kwargs", {}))
-    return AgentWorkflow(engine=engine, tokenizer=tok, reward=REWARD, agent=spec, **kw)
+    return AgentWorkflow(engine=engine, tokenizer=tok, reward=REWARD, agent=spec, failures=FAILURES, **kw)
 
 
 async def two_turns(data, *, client):
@@ -205,17 +207,20 @@ def test_an_agent_that_raises_scores_the_error_value_and_is_counted_and_named_on
     assert [g["rewards"].tolist() for g in groups] == [[-1.0], [1.0], [1.0]]
     assert [g.stats["agent/errors"].value for g in groups] == [1, 0, 0]
     err = capsys.readouterr().err
-    assert err.count("warning: rollout.agent tests.rollout.test_agent.failing: 1 of 3 episodes raised in this "
-                     "rollout (counted in agent/errors") == 1
-    assert "RuntimeError: the environment broke" in err and "reward.max_error_fraction=0.5" in err
+    assert err.count("warning: rollout.agent tests.rollout.test_agent.failing: 1 of 3 episodes of this rollout "
+                     "raised (counted in agent/errors; scored reward.error_value=-1; the run stops above "
+                     "reward.max_error_fraction=0.5); the first:\n") == 1
+    assert "RuntimeError: the environment broke" in err
     wf.rollout(_samples(3), GenerationHyperparameters(n_samples=1, max_new_tokens=4))
-    assert "episodes raised" not in capsys.readouterr().err  # once per run; agent/errors counts the rest
+    assert "raised" not in capsys.readouterr().err  # once per run; agent/errors counts the rest
 
 
 def test_too_many_failing_episodes_stop_the_run_naming_the_agent_and_an_example(tok):
     wf = _workflow(Scripted(tok, "7"), tok, "tests.rollout.test_agent.failing")
-    with pytest.raises(UserError, match=r"(?s)tests.rollout.test_agent.failing: 1 of 1 episodes raised.*"
-                                        r"RuntimeError: the environment broke"):
+    with pytest.raises(UserError, match=r"(?s)^rollout.agent tests.rollout.test_agent.failing: 1 of 1 episodes of one "
+                                        r"rollout failed \(more than reward.max_error_fraction=0.5\): 1 raised. "
+                                        r"Example:\n.*RuntimeError: the environment broke\n"
+                                        r"Fix the agent, or raise reward.max_error_fraction.$"):
         wf.rollout(_samples(1), GenerationHyperparameters(n_samples=1, max_new_tokens=4))
 
 
@@ -295,6 +300,7 @@ def test_a_plain_def_agent_past_its_timeout_does_not_hold_up_the_rollout(tok):
         STUCK["release"].set()
     assert [g["rewards"].tolist() for g in groups] == [[-1.0], [1.0]]
     assert groups[0].stats["agent/timeouts"].value == 1
+    assert [g.stats["agent/abandoned"].value for g in groups] == [1, 0]  # its thread is left running
 
 
 def divide(a: int, b: int) -> float:
@@ -326,6 +332,58 @@ def test_a_tool_that_raises_or_is_misused_returns_its_error_to_the_model_and_is_
     assert g["rewards"].tolist() == [1.0] and g.stats["agent/errors"].value == 0
     # The model's answer ("7") holds no tool call; the agent ran four of its own through call_tool.
     assert g.stats["agent/tool_calls"].value == 0 and g.stats["agent/tool_errors"].value == 3
+
+
+TOOL_GATE = threading.Event()
+
+
+def slow_tool() -> str:
+    """Waits for the test to let it go."""
+    TOOL_GATE.wait(60)
+    return "late"
+
+
+async def slow_tool_user(data, *, client):
+    await client.chat.completions.create(model="m", messages=data["messages"], tools=[slow_tool])
+    result = await client.call_tool({"id": "c1", "function": {"name": "slow_tool", "arguments": "{}"}}, [slow_tool])
+    return 1.0 if result["content"] == "Error: tool 'slow_tool' timed out after 0.2 s." else 0.0
+
+
+def test_a_tool_past_the_policys_limit_is_abandoned_counted_and_named_once(tok, capsys):
+    """The tool kind of the failure policy: ``call_tool`` without a timeout gets the policy's; a plain ``def`` tool
+    past it is abandoned in its thread (a timeout, not an error), and the first is named once in the policy's
+    format."""
+    TOOL_GATE.clear()
+    policy = FailurePolicy.of(tool_timeout=0.2)
+    wf = AgentWorkflow(engine=Scripted(tok, "7"), tokenizer=tok, reward=REWARD, failures=policy,
+                       agent=load_agent("tests.rollout.test_agent.slow_tool_user", {}))
+    try:
+        groups = wf.rollout(_samples(2), GenerationHyperparameters(n_samples=1, max_new_tokens=4))
+    finally:
+        TOOL_GATE.set()
+    assert [g["rewards"].tolist() for g in groups] == [[1.0], [1.0]]  # the model read the timeout's text
+    assert [(g.stats["agent/tool_timeouts"].value, g.stats["agent/tool_abandoned"].value,
+             g.stats["agent/tool_errors"].value) for g in groups] == [(1, 1, 0), (1, 1, 0)]
+    err = capsys.readouterr().err.splitlines()
+    assert "warning: the tools of rollout.agent tests.rollout.test_agent.slow_tool_user: 2 of 2 tool calls of this " \
+           "rollout ran out of time (counted in agent/tool_timeouts; ended after client.call_tool(timeout=...)=0.2 s " \
+           "(cancelled or abandoned); the model reads the error text as the result); the first: 'slow_tool' " \
+           "abandoned after 0.2 s" in err
+    assert sum("could not be stopped (counted in agent/tool_abandoned" in line for line in err) == 1
+    wf.rollout(_samples(1), GenerationHyperparameters(n_samples=1, max_new_tokens=4))  # the gate is open now
+    assert "tool" not in capsys.readouterr().err
+
+
+def test_episodes_take_their_limit_and_score_from_the_failure_policy(tok):
+    """The agent kind of the failure policy: ``rollout.agent_timeout`` and ``reward.error_value`` as bound, with no
+    ``timeout`` of the workflow's own."""
+    policy = FailurePolicy.of(error_value=-5.0, agent_timeout=1.0)
+    wf = AgentWorkflow(engine=Scripted(tok, "7"), tokenizer=tok, reward=REWARD, failures=policy,
+                       agent=load_agent("tests.rollout.test_agent.hanging", {}))
+    assert wf.timeout == 1.0 and wf.rows.failures is policy
+    groups = wf.rollout(_samples(2), GenerationHyperparameters(n_samples=1, max_new_tokens=4))
+    assert [g["rewards"].tolist() for g in groups] == [[-5.0], [1.0]]
+    assert [(g.stats["agent/timeouts"].value, g.stats["agent/abandoned"].value) for g in groups] == [(1, 0), (0, 0)]
 
 
 def test_every_rollout_call_runs_on_one_loop_and_a_class_agents_close_is_awaited_on_it(tok):
@@ -374,10 +432,10 @@ def test_agent_rewards_beyond_float32_are_bad_results_never_infinite_rows(tok, c
     assert [g["rewards"].tolist() for g in groups] == [[-1.0], [0.25], [-1.0], [0.5]]
     assert [g.stats["agent/bad_results"].value for g in groups] == [1, 0, 1, 0]
     assert all(torch.isfinite(g["rewards"]).all() for g in groups)
-    assert ("warning: rollout.agent tests.rollout.test_agent.overflowing: 2 of 4 episodes in this rollout had an "
-            "unusable result (counted in agent/bad_results; trained with reward.error_value=-1, the run stops above "
-            "reward.max_error_fraction=0.5); the first returned 1e+39; an agent returns a float reward (finite, "
-            "within float32) or {completion_id: reward}.") in capsys.readouterr().err.splitlines()
+    assert ("warning: rollout.agent tests.rollout.test_agent.overflowing: 2 of 4 episodes of this rollout had an "
+            "unusable result (counted in agent/bad_results; scored reward.error_value=-1; the run stops above "
+            "reward.max_error_fraction=0.5); the first: returned 1e+39; an agent returns a float reward (finite, "
+            "within float32) or {completion_id: reward}") in capsys.readouterr().err.splitlines()
 
 
 def test_unusable_results_stop_the_run_by_their_share_of_the_rollout_not_of_one_group(tok):
@@ -388,8 +446,9 @@ def test_unusable_results_stop_the_run_by_their_share_of_the_rollout_not_of_one_
     by_id = _samples(4)  # 0: returns 1e39, 2: returns {id: inf}, 3: returns 0.5
     groups = wf.rollout([by_id[0], by_id[3], by_id[3]], gconfig)
     assert [g.stats["agent/bad_results"].value for g in groups] == [1, 0, 0]
-    with pytest.raises(UserError, match=r"overflowing: 2 of 2 episodes of one rollout had an unusable result \(more "
-                                        r"than reward.max_error_fraction=0.5\); the first returned 1e\+39"):
+    with pytest.raises(UserError, match=r"overflowing: 2 of 2 episodes of one rollout failed \(more than "
+                                        r"reward.max_error_fraction=0.5\): 2 had an unusable result. Example: "
+                                        r"returned 1e\+39"):
         wf.rollout([by_id[0], by_id[2]], gconfig)
 
 
@@ -429,8 +488,11 @@ def test_an_agent_that_blocks_the_loop_for_good_is_abandoned_at_its_timeout_and_
     assert groups[0].stats["agent/blocked"].value == 1
     assert [g.stats["agent/timeouts"].value for g in groups] == [2, 2]
     assert all(g["loss_mask"].sum() == 0 for g in groups)  # nothing of the lost rollout is trained
-    assert "the rollout's 4 episodes end as timeouts (untrained) and the next rollout starts on a new loop" in \
-        capsys.readouterr().err
+    assert [g.stats["agent/abandoned"].value for g in groups] == [2, 2]
+    err = capsys.readouterr().err
+    assert ("warning: rollout.agent tests.rollout.test_agent.sleeps_in_the_loop: 4 of 4 episodes of this rollout "
+            "were abandoned with the episodes' event loop") in err
+    assert "the rollout's 4 episodes end as timeouts (untrained) and the next rollout starts on a new loop" in err
     later = wf.rollout(_paused(2, 0), gconfig)  # a new loop
     assert all(g["rewards"].eq(1.0).all() and g.stats["agent/timeouts"].value == 0 for g in later)
     assert later[0].stats["agent/blocked"].value == 0

@@ -11,6 +11,7 @@ import pytest
 
 from areal_trainer.config.schema import GenerationHyperparameters
 from areal_trainer.errors import UserError
+from areal_trainer.failures import FailurePolicy
 from areal_trainer.model.builtin import build_tokenizer
 from areal_trainer.model.chat import prompt_ids
 from areal_trainer.rollout.agents.spec import load_agent
@@ -18,7 +19,8 @@ from areal_trainer.rollout.agents.template import joined, segment_text
 from areal_trainer.rollout.agents.workflow import AgentWorkflow
 from areal_trainer.rollout.types import Generation
 
-REWARD = types.SimpleNamespace(error_value=-1.0, max_error_fraction=0.5)
+REWARD = types.SimpleNamespace()  # agents score through the failure policy
+FAILURES = FailurePolicy.of(error_value=-1.0, max_error_fraction=0.5)
 QUESTION = {"role": "user", "content": "Tom has 3 apples. How many apples does Tom have?"}
 AGAIN = {"role": "user", "content": "again"}
 
@@ -46,7 +48,7 @@ class Scripted:
 
 def _rollout(tok, engine, agent: str, template: str, kwargs=None, n_samples: int = 1):
     wf = AgentWorkflow(engine=engine, tokenizer=tok, reward=REWARD, agent=load_agent(agent, kwargs or {}),
-                       export="concat", chat_template_type=template)
+                       export="concat", chat_template_type=template, failures=FAILURES)
     try:
         [group] = wf.rollout([{"messages": [QUESTION], "prompt": "p", "answer": "#### 3"}],
                              GenerationHyperparameters(n_samples=n_samples, max_new_tokens=64))

@@ -254,7 +254,7 @@ def test_arun_tool_errors_and_timeout():
         raise TimeoutError("upstream")
 
     result = asyncio.run(arun_tool(tool_from_function(slow), {}, timeout=0.05))
-    assert result == ToolResult("Error: tool 'slow' timed out after 0.05 s.", ok=False)
+    assert result == ToolResult("Error: tool 'slow' timed out after 0.05 s.", ok=False, ended="cancelled")
     result = asyncio.run(arun_tool(tool_from_function(own_timeout), {}, timeout=5))
     assert result.content == "Error: TimeoutError: upstream" and not result.ok
     result = asyncio.run(arun_tool(tool_from_function(divide), {"a": 1, "b": 0}))

@@ -43,8 +43,7 @@ def _samples(n):
 def agent_source(eta, batch, calls, rng, export):
     engine = FakeEngine(rng)
     spec = load_agent("tests.train.test_agent_staleness.pausing_agent", {"calls": calls})
-    workflow = AgentWorkflow(engine=engine, tokenizer=TOK, reward=types.SimpleNamespace(error_value=0.0,
-                             max_error_fraction=0.5), agent=spec, export=export)
+    workflow = AgentWorkflow(engine=engine, tokenizer=TOK, reward=types.SimpleNamespace(), agent=spec, export=export)
     loader = PromptLoader(_samples(200), batch, shuffle=False, drop_last=True, seed=0, mode="local")
     staleness = StalenessManager(max_head_offpolicyness=eta, consumer_bs=batch, max_concurrent=batch,
                                  count_rejected=False)

@@ -13,6 +13,7 @@ import torch
 from areal_trainer.components.reward import RewardSpec
 from areal_trainer.components.verifier import bind_verifier
 from areal_trainer.config.schema import GenerationHyperparameters
+from areal_trainer.failures import FailurePolicy
 from areal_trainer.reward import is_correct, verdict_of
 from areal_trainer.reward.code import unit_tests
 from areal_trainer.reward.functions import RewardFunction
@@ -33,8 +34,8 @@ def _fn(path: str) -> RewardFunction:
 
 
 def _reward(*paths: str, weights=None, model: bool = False, remote: bool = False) -> RewardSpec:
-    return RewardSpec(tuple(_fn(p) for p in paths), weights, workers=0, timeout=5.0, timeout_value=0.0,
-                      error_value=0.0, max_error_fraction=0.5,
+    return RewardSpec(tuple(_fn(p) for p in paths), weights, workers=0,
+                      failures=FailurePolicy.of(reward_timeout=5.0, reward_workers=0),
                       model={"path": "/models/rm", "dtype": "auto", "micro_batch_size": 8} if model else None,
                       remote={"url": "http://127.0.0.1:1/score"} if remote else None)
 

@@ -1,21 +1,22 @@
 """What an agent's episodes become: their outcomes, their per-call rewards, their counters and a group's rows.
 
-An episode ends ``ok`` (the agent returned), ``error`` (it raised) or ``timeout`` (cancelled past
-``rollout.agent_timeout``). :class:`EpisodeRows` is bound once per run with the reward's error policy
-and the export settings, and turns a prompt's outcomes into its :class:`TrajectoryGroup`: an episode
+An episode ends ``ok`` (the agent returned), ``error`` (it raised) or ``timeout`` (past
+``rollout.agent_timeout``: cancelled, or abandoned when its code cannot be stopped). :class:`EpisodeRows` is
+bound once per run with the run's failure policy (``areal_trainer/failures.py``, its ``agent`` and ``tool``
+kinds) and the export settings, and turns a prompt's outcomes into its :class:`TrajectoryGroup`: an episode
 that did not return a usable result scores ``reward.error_value`` on its last call; more than
 ``reward.max_error_fraction`` of such episodes in a rollout call stops the run with the agent's name and
-one example; the first is named once (``agent/errors`` counts every later one).
+one example; the first of each way of failing (and the first tool call that ran out of time) is named once.
 """
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from typing import Any
 
 from ...dtypes import fits_float32
 from ...errors import UserError
+from ...failures import DEFAULT, FailurePolicy, Notices, metric
 from ...metrics import Mean, Sum
 from ...model.chat import prompt_ids
 from ..rows import Rows, Segment
@@ -34,6 +35,8 @@ class Outcome:
     status: str  # one of STATUSES
     result: Any = None
     error: str = ""
+    abandoned: bool = False
+    """A timeout whose code could not be stopped (a plain ``def`` agent's thread): left running."""
 
 
 class EpisodeRows:
@@ -42,44 +45,51 @@ class EpisodeRows:
     Args:
         tokenizer: renders the prompt of a group none of whose episodes made a call.
         agent: the agent's import path, for messages.
-        error_value: the reward of an episode's last call when the episode has no usable result.
-        max_error_fraction: the fraction of a rollout call's episodes that may fail before the run stops.
+        failures: the run's failure policy: its ``agent`` kind gives the reward of an episode's last call when
+            the episode has no usable result, and the share of a rollout call's episodes that may fail before
+            the run stops.
         turn_discount: the per-call discount of later rewards, in (0, 1].
         export: ``individual`` or ``concat`` (``trajectory.py``).
     """
 
-    def __init__(self, *, tokenizer, agent: str, error_value: float, max_error_fraction: float,
-                 turn_discount: float = 1.0, export: str = "individual"):
+    def __init__(self, *, tokenizer, agent: str, failures: FailurePolicy = DEFAULT, turn_discount: float = 1.0,
+                 export: str = "individual"):
         if export not in EXPORTS:
             raise UserError(f"rollout.agent_export: got {export!r}; must be one of {', '.join(EXPORTS)}.")
         self.tokenizer, self.agent, self.export = tokenizer, agent, export
-        self.error_value, self.max_error_fraction = float(error_value), float(max_error_fraction)
+        self.failures = failures
+        self.error_value = failures.agent.error_value
         self.turn_discount = float(turn_discount)
-        self._warned: set[str] = set()
-        """The kinds of failure already named (each once per run)."""
+        self._notices = Notices()
+        """The ways of failing already named (each once per run)."""
 
-    def check_errors(self, outcomes: list[Outcome]) -> None:
-        """Stop the run when too many of a rollout call's episodes raised; name the first failure once."""
-        failed = [o.error for o in outcomes if o.status == "error"]
-        n, limit = f"{len(failed)} of {len(outcomes)} episodes", self._limit
-        self._stop_or_name("errors", len(failed), len(outcomes),
-                           stop=f"{n} raised (more than {limit}); for example:\n{failed[0] if failed else ''}",
-                           name=f"{n} raised in this rollout (counted in agent/errors; their last call is trained "
-                                f"with reward.error_value={self.error_value:g}, the run stops above {limit}); the "
-                                f"first:\n{failed[0] if failed else ''}")
-
-    @property
-    def _limit(self) -> str:
-        return f"reward.max_error_fraction={self.max_error_fraction:g}"
-
-    def _stop_or_name(self, kind: str, bad: int, total: int, *, stop: str, name: str) -> None:
-        """Stop the run when more than ``max_error_fraction`` of a rollout call's ``total`` episodes went
-        wrong this way (``bad``); else name the first rollout where some did, once per run and kind."""
-        if bad > self.max_error_fraction * total:
-            raise UserError(f"rollout.agent {self.agent}: {stop}")
-        if bad and kind not in self._warned:
-            self._warned.add(kind)
-            print(f"warning: rollout.agent {self.agent}: {name}", file=sys.stderr, flush=True)
+    def check(self, outcomes: list[Outcome], bad: list[str]) -> None:
+        """The failure policy on one rollout call's episodes (``bad``: what was wrong with each unusable result):
+        stop the run when more than ``reward.max_error_fraction`` of them failed (raised or gave an unusable
+        result; timeouts aside); else name the first of each way of failing once per run."""
+        policy, total = self.failures.agent, len(outcomes)
+        raised = [o.error for o in outcomes if o.status == "error"]
+        ways = ", ".join(f"{len(found)} {how}" for found, how in ((raised, "raised"), (bad, "had an unusable result"))
+                         if found)
+        policy.check(self.agent, failed=len(raised) + len(bad), total=total, ways=ways,
+                     example=(raised + bad)[0] if raised or bad else "",
+                     change=f"Fix the agent, or raise {policy.fraction_key}.")
+        timeouts = [o for o in outcomes if o.status == "timeout"]
+        abandoned = [o for o in timeouts if o.abandoned]
+        for counter, how, found in (("errors", "raised", raised), ("bad_results", "had an unusable result", bad),
+                                    ("timeouts", "ran out of time", [o.error for o in timeouts]),
+                                    ("abandoned", "could not be stopped", [o.error for o in abandoned])):
+            self._notices.name(policy, self.agent, count=len(found), total=total, how=how, counter=counter,
+                               example=found[0] if found else "")
+        sessions = [o.session for o in outcomes]
+        runs = sum(s.counters.tool_runs for s in sessions)
+        for counter, how in (("timeouts", "ran out of time"), ("abandoned", "could not be stopped")):
+            found = [d for s in sessions for ended, d in s.tool_overruns.items() if counter == "timeouts"
+                     or ended == counter]
+            count = sum(s.counters.tool_timeouts if counter == "timeouts" else s.counters.tool_abandoned
+                        for s in sessions)
+            self._notices.name(self.failures.tool, self.agent, count=count, total=runs, how=how, counter=counter,
+                               example=found[0] if found else "")
 
     def rewards(self, o: Outcome) -> list[float | None] | str:
         """Per-call rewards of an episode (None: not set), or why its result is unusable."""
@@ -123,23 +133,25 @@ class EpisodeRows:
             group, errors = self.group(sample, outcomes[i * g:(i + 1) * g])
             built.append(group)
             bad += errors
-        n, limit = f"{len(bad)} of {len(outcomes)} episodes", self._limit
-        first = bad[0] if bad else ""
-        self._stop_or_name("results", len(bad), len(outcomes),
-                           stop=f"{n} of one rollout had an unusable result (more than {limit}); the first {first}.",
-                           name=f"{n} in this rollout had an unusable result (counted in agent/bad_results; trained "
-                                f"with reward.error_value={self.error_value:g}, the run stops above {limit}); the "
-                                f"first {first}.")
+        self.check(outcomes, bad)
         return built
 
-    def lost(self, samples: list[dict], n: int) -> list[TrajectoryGroup]:
-        """The groups of a rollout call whose ``n`` episodes per prompt were lost with their event loop: one
-        untrained row each (as a group that made no call), every episode counted as a timeout."""
+    def lost(self, samples: list[dict], n: int, *, where: str = "", seconds: float = 0.0) -> list[TrajectoryGroup]:
+        """The groups of a rollout call whose ``n`` episodes per prompt were abandoned with their event loop, which
+        the agent blocked ``seconds`` at ``where``: one untrained row each (as a group that made no call), every
+        episode counted as a timeout and as abandoned; the first such rollout is named once."""
         out = []
         for sample in samples:
             group, _ = self.group(sample, [])
-            group.stats.update({"agent/episodes": Sum(float(n)), "agent/timeouts": Sum(float(n))})
+            group.stats.update({"agent/episodes": Sum(float(n)), "agent/timeouts": Sum(float(n)),
+                                metric("agent", "abandoned"): Sum(float(n))})
             out.append(group)
+        policy, total = self.failures.agent, len(samples) * n
+        self._notices.name(policy, self.agent, count=total, total=total, counter="abandoned",
+                           how=f"were abandoned with the episodes' event loop, still blocked {seconds:.0f} s into the "
+                               f"rollout, past {policy.timeout_key}={policy.timeout:g} s: the rollout's {total} "
+                               "episodes end as timeouts (untrained) and the next rollout starts on a new loop",
+                           example=f"the agent blocks it at:\n{where}")
         return out
 
     def group(self, sample: dict, outcomes: list[Outcome]) -> tuple[TrajectoryGroup, list[str]]:
@@ -193,9 +205,12 @@ def counters(outcomes: list[Outcome]) -> dict[str, Sum]:
         "agent/episodes": Sum(float(len(outcomes))),
         "agent/errors": Sum(float(sum(o.status == "error" for o in outcomes))),
         "agent/timeouts": Sum(float(sum(o.status == "timeout" for o in outcomes))),
+        metric("agent", "abandoned"): Sum(float(sum(o.abandoned for o in outcomes))),
         "agent/calls": Sum(float(sum(x.calls for x in c))),
         "agent/tool_calls": Sum(float(sum(x.tool_calls for x in c))),
         "agent/tool_errors": Sum(float(sum(x.tool_errors for x in c))),
+        metric("tool", "timeouts"): Sum(float(sum(x.tool_timeouts for x in c))),
+        metric("tool", "abandoned"): Sum(float(sum(x.tool_abandoned for x in c))),
         "agent/tool_parse_failures": Sum(float(sum(x.tool_parse_failures for x in c))),
         "agent/length_refusals": Sum(float(sum(x.length_refusals for x in c))),
         "agent/truncated": Sum(float(sum(x.truncated for x in c))),

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...dtypes import fits_float32
+from ...failures import DEFAULT, KindPolicy
 from ...model.chat import template_message
 from ..engines.batcher import GenerationBatcher
 from ..limits import capped, engine_positions, row_tokens
@@ -72,8 +73,14 @@ class EpisodeCounters:
     tool_parse_failures: int = 0
     tool_calls: int = 0
     """Tool calls read out of the model's answers (to requests that offered tools), whoever runs them."""
+    tool_runs: int = 0
+    """``call_tool`` runs."""
     tool_errors: int = 0
     """``call_tool`` runs that failed: an unknown tool, bad arguments, or the tool raised."""
+    tool_timeouts: int = 0
+    """``call_tool`` runs past their time limit (cancelled, or abandoned in their thread)."""
+    tool_abandoned: int = 0
+    """Of those, plain ``def`` tools left running in their thread."""
     length_refusals: int = 0
     truncated: int = 0
     """Answers that stopped at their token budget (``max_tokens``, ``gconfig.max_new_tokens`` or the row limit)."""
@@ -99,11 +106,13 @@ class EpisodeSession:
         max_choices: the largest ``n`` of one request (``rollout.agent_max_choices``); a larger one: 400.
         chat_template_type: ``hf`` or ``concat`` (``rollout.chat_template_type``, ``template.py``).
         renderer: the rollout call's shared renders (None: the session's own).
+        tool_policy: the failure policy's tool kind: a tool call's time limit when ``call_tool`` names none.
     """
 
     def __init__(self, *, episode: int, tokenizer, batcher: GenerationBatcher, gconfig: Any,
                  parser: ToolCallParser, model_name: str = "policy", max_calls: int = 64, max_choices: int = 16,
-                 chat_template_type: str = "hf", renderer: Renderer | None = None):
+                 chat_template_type: str = "hf", renderer: Renderer | None = None,
+                 tool_policy: KindPolicy = DEFAULT.tool):
         if chat_template_type not in CHAT_TEMPLATE_TYPES:
             raise ValueError(f"chat_template_type {chat_template_type!r}; one of {CHAT_TEMPLATE_TYPES}")
         self.episode, self.tokenizer, self.batcher, self.gconfig = episode, tokenizer, batcher, gconfig
@@ -121,6 +130,10 @@ class EpisodeSession:
         """Words of the rendered requests that the tokenizer cannot spell (they render as its unknown token)."""
         self.tool_names: set[str] = set()
         """The tools offered by requests with such words (to tell which of the words are tool names)."""
+        self.tool_policy = tool_policy
+        self.tool_overruns: dict[str, str] = {}
+        """How the episode's first tool call that ran out of time ended (``cancelled``, ``abandoned``) -> which tool
+        it was, for the failure policy's notice."""
         self.closed = False
         self._calls = 0
 
@@ -274,19 +287,27 @@ class EpisodeSession:
         self.set_reward_now(completion_id, reward)
 
     async def call_tool(self, tool_call: Any, tools: Sequence[Any], *, timeout: float | None = None) -> dict:
-        """Run the tool a call names on its arguments; the ``role: tool`` message of its result (an
-        error text when the tool is unknown, the arguments are bad, or the tool raises, counted)."""
+        """Run the tool a call names on its arguments, for at most ``timeout`` seconds (None: the tool kind's
+        limit); the ``role: tool`` message of its result (an error text when the tool is unknown, the arguments
+        are bad, the tool raises or runs out of time, each counted)."""
         fn = tool_call["function"] if isinstance(tool_call, dict) else tool_call.function
         name = fn["name"] if isinstance(fn, dict) else fn.name
         arguments = fn["arguments"] if isinstance(fn, dict) else fn.arguments
         call_id = tool_call["id"] if isinstance(tool_call, dict) else tool_call.id
         by_name = {t.name: t for t in (as_tool(t) for t in tools)}
+        self.counters.tool_runs += 1
         if name not in by_name:
             self.counters.tool_errors += 1
             content = f"Error: there is no tool {name!r}; the tools are {', '.join(sorted(by_name)) or 'none'}."
         else:
-            result = await arun_tool(by_name[name], arguments, timeout=timeout)
-            self.counters.tool_errors += not result.ok
+            limit = self.tool_policy.timeout if timeout is None else timeout
+            result = await arun_tool(by_name[name], arguments, timeout=limit)
+            if result.ended:
+                self.counters.tool_timeouts += 1
+                self.counters.tool_abandoned += result.ended == "abandoned"
+                self.tool_overruns.setdefault(result.ended, f"{name!r} {result.ended} after {limit:g} s")
+            else:
+                self.counters.tool_errors += not result.ok
             content = result.content
         return {"role": "tool", "tool_call_id": call_id, "name": name, "content": content}
 

@@ -201,6 +201,9 @@ class ToolResult:
 
     content: str
     ok: bool
+    ended: str | None = None
+    """How a call past its time limit ended (``areal_trainer/failures.py::ENDINGS``): ``cancelled`` (a coroutine)
+    or ``abandoned`` (a thread, left running); None for a call that did not run out of time."""
 
 
 def _prepare(tool: Tool, arguments: str | dict[str, Any] | None) -> dict[str, Any] | ToolResult:
@@ -275,11 +278,13 @@ async def _await(awaitable: Any) -> Any:
 async def arun_tool(tool: Tool, arguments: str | dict[str, Any] | None, *,
                     timeout: float | None = None) -> ToolResult:
     """Call ``tool``: awaited if async, else in a worker thread so the event loop keeps running.
-    After ``timeout`` seconds the result is a timeout error; an async tool is cancelled, but a
-    thread cannot be stopped, so a sync tool keeps running in the background until it returns."""
+    After ``timeout`` seconds the result is a timeout error that says how the call ended (the tool kind of
+    the failure policy, ``areal_trainer/failures.py``): an async tool is ``cancelled``, but a thread cannot be
+    stopped, so a sync tool is ``abandoned``: it keeps running in the background until it returns."""
     kwargs = _prepare(tool, arguments)
     if isinstance(kwargs, ToolResult):
         return kwargs
+    in_thread = [False]
 
     async def call() -> ToolResult:
         # Errors are turned into results in here, so that only wait_for's own timeout escapes (a
@@ -288,7 +293,9 @@ async def arun_tool(tool: Tool, arguments: str | dict[str, Any] | None, *,
             if inspect.iscoroutinefunction(tool.fn):
                 result = await tool.fn(**kwargs)
             else:
+                in_thread[0] = True
                 result = await asyncio.to_thread(tool.fn, **kwargs)
+                in_thread[0] = False
             result = await result if inspect.isawaitable(result) else result
             return ToolResult(_as_text(result), ok=True)
         except Exception as e:  # noqa: BLE001 - the tool's error is the model's observation
@@ -297,4 +304,5 @@ async def arun_tool(tool: Tool, arguments: str | dict[str, Any] | None, *,
     try:
         return await asyncio.wait_for(call(), timeout)
     except TimeoutError:
-        return ToolResult(f"Error: tool {tool.name!r} timed out after {timeout:g} s.", ok=False)
+        return ToolResult(f"Error: tool {tool.name!r} timed out after {timeout:g} s.", ok=False,
+                          ended="abandoned" if in_thread[0] else "cancelled")

@@ -11,11 +11,13 @@ episode's own. It returns the episode's reward (a float, given to its last call)
 
 Episodes. Each prompt's ``gconfig.n_samples`` episodes form its group. All episodes of a rollout call
 run concurrently as coroutines, at most ``rollout.max_concurrent_rollouts`` at a time, and their
-requests are sampled together (``engines/batcher.py``). An episode that takes longer than
-``rollout.agent_timeout`` seconds is cancelled; one whose agent raises is caught. Either scores
-``reward.error_value`` on the calls it made and is counted (``agent/timeouts``, ``agent/errors``); when
-more than ``reward.max_error_fraction`` of a rollout call's episodes raised, the run stops with the
-agent's name and one example. Timeouts never stop the run.
+requests are sampled together (``engines/batcher.py``). Failures follow the run's failure policy
+(``areal_trainer/failures.py``, its ``agent`` kind): an episode that takes longer than
+``rollout.agent_timeout`` seconds is cancelled (a plain ``def run``, whose thread cannot be stopped, is
+abandoned); one whose agent raises is caught. Either scores ``reward.error_value`` on the calls it made and is
+counted (``agent/timeouts``, ``agent/abandoned``, ``agent/errors``); when more than
+``reward.max_error_fraction`` of a rollout call's episodes raised or returned an unusable result, the run
+stops with the agent's name and one example. Timeouts never stop the run.
 
 Rows. A call's messages become its prompt ids as ``rollout.chat_template_type`` says (``template.py``).
 ``episodes.py`` turns each prompt's episodes into its group, and ``trajectory.py`` each episode's
@@ -37,6 +39,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ...errors import UserError
+from ...failures import DEFAULT, FailurePolicy
 from ...metrics import Sum
 from ..engines.batcher import GenerationBatcher
 from ..types import TrajectoryGroup
@@ -61,10 +64,12 @@ class AgentWorkflow:
     :class:`~areal_trainer.rollout.types.Workflow`.
 
     Args:
-        engine, tokenizer, reward: as for every workflow (``reward`` gives ``error_value`` and
-            ``max_error_fraction``).
+        engine, tokenizer, reward: as for every workflow.
         agent: the resolved agent (:func:`load_agent`).
-        timeout: seconds an episode may take (None: no limit).
+        failures: the run's failure policy (``areal_trainer/failures.py``; None: the defaults): how long an
+            episode (``agent``) and a tool call (``tool``) may take, what a failed episode scores and the share
+            of failed episodes that stops the run.
+        timeout: seconds an episode may take, in place of the policy's (None: the policy's).
         export: ``individual`` or ``concat`` (``trajectory.py``).
         chat_template_type: ``hf`` or ``concat``: how a call's messages become prompt ids (``template.py``).
         turn_discount: the per-call discount of later rewards, in (0, 1].
@@ -82,9 +87,9 @@ class AgentWorkflow:
         server: a started ``EndpointServer`` for ``http`` agents (None: started on first use).
     """
 
-    def __init__(self, *, engine, tokenizer, reward, agent: AgentSpec, timeout: float | None = None,
-                 export: str = "individual", chat_template_type: str = "hf", turn_discount: float = 1.0,
-                 tool_call_parser: str = "hermes",
+    def __init__(self, *, engine, tokenizer, reward, agent: AgentSpec, failures: FailurePolicy | None = None,
+                 timeout: float | None = None, export: str = "individual", chat_template_type: str = "hf",
+                 turn_discount: float = 1.0, tool_call_parser: str = "hermes",
                  max_concurrent: int | None = None, batching: str = "episodes", batch_wait: float | None = 30.0,
                  max_calls: int = 64, max_choices: int = 16, block_notice: float = 10.0, server=None):
         if batching not in BATCHING:
@@ -94,14 +99,15 @@ class AgentWorkflow:
                             f"{', '.join(CHAT_TEMPLATE_TYPES)}.")
         self.chat_template_type = chat_template_type
         self.engine, self.tokenizer, self.reward, self.agent = engine, tokenizer, reward, agent
-        self.timeout, self.max_calls, self.max_choices = timeout, max_calls, max_choices
+        failures = DEFAULT if failures is None else failures
+        self.failures = failures if timeout is None else failures.with_timeout("agent", timeout)
+        self.timeout, self.max_calls, self.max_choices = self.failures.agent.timeout, max_calls, max_choices
         self.parser = get_parser(tool_call_parser)
         self.max_concurrent, self.batching, self.batch_wait, self.server = max_concurrent, batching, batch_wait, server
         self.instance = agent.target(**agent.kwargs) if agent.is_class else None
-        self.rows = EpisodeRows(tokenizer=tokenizer, agent=agent.path, error_value=getattr(reward, "error_value", 0.0),
-                                max_error_fraction=getattr(reward, "max_error_fraction", 0.5),
+        self.rows = EpisodeRows(tokenizer=tokenizer, agent=agent.path, failures=self.failures,
                                 turn_discount=turn_discount, export=export)
-        self.block_notice = min(block_notice, timeout) if timeout is not None else block_notice
+        self.block_notice = min(block_notice, self.timeout) if self.timeout is not None else block_notice
         self.batch_calls = 0
         self._loop: EpisodeLoop | None = None
         self._warned_wait = self._warned_block = False
@@ -124,11 +130,7 @@ class AgentWorkflow:
                                     on_block=lambda where, seconds: blocks.append(where))
         except LoopBlocked as e:
             self._loop = None  # its thread is the agent's now; the next call gets a new loop (the stall was counted)
-            groups = self.rows.lost(samples, gconfig.n_samples)
-            _warn(f"rollout.agent {self.agent.path}: the episodes' event loop was still blocked {e.seconds:.0f} s "
-                  f"into this rollout, past rollout.agent_timeout={self.timeout:g} s, so the rollout's "
-                  f"{len(samples) * gconfig.n_samples} episodes end as timeouts (untrained) and the next rollout "
-                  f"starts on a new loop; the agent blocks it at:\n{e.where}")
+            groups = self.rows.lost(samples, gconfig.n_samples, where=e.where, seconds=e.seconds)
         self._notify_blocked(blocks)
         if groups:  # a count of the whole rollout call: on its first group, so that the sum over groups is it
             groups[0].stats["agent/blocked"] = Sum(float(len(blocks)))
@@ -162,7 +164,8 @@ class AgentWorkflow:
         def session(index: int) -> EpisodeSession:
             return EpisodeSession(episode=index, tokenizer=self.tokenizer, batcher=batcher, gconfig=gconfig,
                                   parser=self.parser, max_calls=self.max_calls, max_choices=self.max_choices,
-                                  chat_template_type=self.chat_template_type, renderer=renderer)
+                                  chat_template_type=self.chat_template_type, renderer=renderer,
+                                  tool_policy=self.failures.tool)
 
         try:
             outcomes = await asyncio.gather(*(self._episode(session(i * g + j), samples[i], limit, end)
@@ -171,7 +174,6 @@ class AgentWorkflow:
             await batcher.close()
         self.batch_calls += batcher.calls
         self._notify(outcomes, batcher.forced)
-        self.rows.check_errors(outcomes)
         groups = self.rows.groups(samples, outcomes)
         if groups:  # a count of the whole rollout call: on its first group, so that the sum over groups is it
             groups[0].stats["agent/batch_wait_timeouts"] = Sum(float(batcher.forced))
@@ -198,8 +200,11 @@ class AgentWorkflow:
                     if deadline.expired():
                         raise
                     return Outcome(session, "error", error=_describe(e))
-        except TimeoutError:
-            return Outcome(session, "timeout", error=f"took longer than rollout.agent_timeout={self.timeout:g} s")
+        except TimeoutError:  # a plain def run goes on in its thread: it cannot be stopped
+            abandoned = not self.agent.is_async
+            return Outcome(session, "timeout", error=f"took longer than {self.failures.agent.timeout_key}="
+                           f"{self.timeout:g} s" + ("; its thread is left running" if abandoned else ""),
+                           abandoned=abandoned)
         finally:
             session.closed = True
             if key is not None:

@@ -84,7 +84,8 @@ def compare(name: str, tok, trainer, samples, args) -> None:
     workflow = MultiTurnWorkflow(engine=engine, tokenizer=tok, reward=trainer.reward, max_turns=2,
                                  turn_discount=DISCOUNT)
     agent = AgentWorkflow(engine=engine, tokenizer=tok, reward=trainer.reward, agent=load_agent(AGENT, {}),
-                          export="concat", chat_template_type=args.chat_template_type, turn_discount=DISCOUNT)
+                          failures=trainer.reward.failures, export="concat",
+                          chat_template_type=args.chat_template_type, turn_discount=DISCOUNT)
     torch.manual_seed(args.seed)
     by_workflow = [ep for grp in workflow.rollout(samples, g) for ep in episodes_of(grp)]
     torch.manual_seed(args.seed)
