@@ -59,3 +59,24 @@ def serving(monkeypatch):
         yield server
     finally:
         server.stop()
+
+
+@contextlib.contextmanager
+def stuck_http():
+    """An HTTP server on 127.0.0.1 that takes every POST and never answers (until the block ends); its host:port."""
+    release = threading.Event()
+
+    class Stuck(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - the standard library's name
+            release.wait(60)
+
+        def log_message(self, *args):
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Stuck)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield f"127.0.0.1:{srv.server_address[1]}"
+    finally:
+        release.set()
+        srv.shutdown()

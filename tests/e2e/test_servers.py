@@ -58,20 +58,29 @@ def test_a_killed_server_is_retried_on_the_other_and_restarted(tmp_path, mode):
     """The run goes on on the other server, starts the killed one again, and (disk: at once; xccl: at the next
     update, in a group formed again) gives it the current weights before it serves."""
     run = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "areal_trainer", *TINY, "rollout.backend=hf:d2p1t1",
-                             f"actor.weight_update_mode={mode}",
-                             "total_train_steps=100000", "total_train_epochs=10000", f"hydra.run.dir={run}"],
-                            cwd=tmp_path, env=cli_env(_marker(tmp_path)), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    kill_one_and_recover(long_run(tmp_path, run, "rollout.backend=hf:d2p1t1", f"actor.weight_update_mode={mode}"),
+                         run, tmp_path)
+
+
+def long_run(tmp_path, run, *overrides: str) -> subprocess.Popen:
+    """A run that goes on until it is stopped, its servers marked as the test's."""
+    return subprocess.Popen([sys.executable, "-m", "areal_trainer", *TINY, *overrides, "total_train_steps=100000",
+                             "total_train_epochs=10000", f"hydra.run.dir={run}"], cwd=tmp_path,
+                            env=cli_env(_marker(tmp_path)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def kill_one_and_recover(proc, run, tmp_path, wait: float = 300) -> None:
+    """SIGKILL the first of two servers after the first step; the run notices (a generate request retried on the
+    other server, or the weight update finding it gone), starts it again, and steps on both; Ctrl-C then ends the
+    run with no server left."""
     try:
-        wait_until(lambda: (run / "metrics.jsonl").exists() and len(_steps(run)) >= 1, proc, "the first step")
+        wait_until(lambda: (run / "metrics.jsonl").exists() and len(_steps(run)) >= 1, proc, "the first step", wait)
         os.kill(_pids(run)[0], signal.SIGKILL)
-        # found gone by a generate request (retried on the other server) or by the weight update (a failure)
         wait_until(lambda: _total(run, "rollout/server_retries") + _total(run, "rollout/server_failures") >= 1, proc,
-                   "the gone server noticed")
-        wait_until(lambda: _total(run, "rollout/server_restarts") >= 1, proc, "the server's restart")
+                   "the gone server noticed", wait)
+        wait_until(lambda: _total(run, "rollout/server_restarts") >= 1, proc, "the server's restart", wait)
         n = len(_steps(run))
-        wait_until(lambda: len(_steps(run)) >= n + 2, proc, "steps on both servers again")
+        wait_until(lambda: len(_steps(run)) >= n + 2, proc, "steps on both servers again", wait)
         assert len(_pids(run)) == 2
         assert _steps(run)[-1]["rollout/servers_down"] == 0
         proc.send_signal(signal.SIGINT)
@@ -116,9 +125,7 @@ def test_asynchronous_training_on_a_server_keeps_the_staleness_bound(tmp_path):
 @pytest.mark.parametrize("how", ["SIGKILL", "Ctrl-C"])
 def test_no_server_outlives_its_trainer(tmp_path, how):
     run = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "areal_trainer", *TINY, "rollout.backend=hf:d2p1t1",
-                             "total_train_steps=1000", f"hydra.run.dir={run}"], cwd=tmp_path,
-                            env=cli_env(_marker(tmp_path)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = long_run(tmp_path, run, "rollout.backend=hf:d2p1t1")
     try:
         wait_until(lambda: (run / "metrics.jsonl").exists() and len(_steps(run)) >= 1, proc, "the first step")
         assert len(_pids(run)) == 2

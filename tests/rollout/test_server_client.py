@@ -5,7 +5,6 @@ unusable collective backend."""
 
 from __future__ import annotations
 
-import http.server
 import socket
 import threading
 import time
@@ -22,6 +21,8 @@ from areal_trainer.rollout.engines.hf import HFEngine
 from areal_trainer.rollout.servers.app import InferenceServer
 from areal_trainer.rollout.servers.client import ServerEngine
 from areal_trainer.rollout.servers.weights import DiskPusher
+
+from ..servers import stuck_http
 
 G = SimpleNamespace(n_samples=1, max_new_tokens=5, min_new_tokens=0, max_tokens=256, greedy=False, top_p=1.0,
                     top_k=100000000, temperature=1.0, stop_token_ids=[], stop=[])
@@ -84,27 +85,13 @@ def test_pieces_come_back_in_order_with_the_pushed_version_whichever_server_samp
 
 
 def test_a_slow_server_is_left_for_another_after_the_request_timeout(two, tmp_path):
-    release = threading.Event()
-
-    class Slow(http.server.BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802 - the standard library's name
-            release.wait(60)
-
-        def log_message(self, *args):
-            pass
-
-    slow = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Slow)
-    threading.Thread(target=slow.serve_forever, daemon=True).start()
-    try:
-        engine = _engine([f"127.0.0.1:{slow.server_address[1]}", two[0].address], tmp_path, request_timeout=1.0)
+    with stuck_http() as slow:
+        engine = _engine([slow, two[0].address], tmp_path, request_timeout=1.0)
         t0 = time.monotonic()
         out = engine.generate([[5, 6, 7]], G)  # the one piece goes to the first (idle) server: the slow one
         assert len(out) == 1 and time.monotonic() - t0 < 20
         stats = engine.telemetry()
         assert stats["rollout/server_retries"] == 1 and stats["rollout/servers_down"] == 1
-    finally:
-        release.set()
-        slow.shutdown()
 
 
 def test_every_server_gone_stops_with_their_addresses(tmp_path):

@@ -23,6 +23,8 @@ from areal_trainer.rollout.servers.protocol import gconfig_to_json, generation_f
 from areal_trainer.rollout.servers.weights import DiskPusher, free_port
 from areal_trainer.rollout.types import Generation
 
+from ..servers import stuck_http
+
 G = SimpleNamespace(n_samples=1, max_new_tokens=6, min_new_tokens=0, max_tokens=256, greedy=False, top_p=1.0,
                     top_k=100000000, temperature=1.0, stop_token_ids=[], stop=[])
 
@@ -170,29 +172,12 @@ def test_a_weight_group_broadcasts_buckets_to_a_receiver():
 
 def test_a_stuck_update_fails_in_its_time_naming_the_server_the_mode_and_the_stage(tiny, tmp_path):
     """A server that takes the request and never answers: the update stops after actor.weight_update_timeout."""
-    import http.server
     import time
 
-    release = threading.Event()
-
-    class Stuck(http.server.BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802 - the standard library's name
-            release.wait(30)
-
-        def log_message(self, *args):
-            pass
-
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Stuck)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    address = f"127.0.0.1:{srv.server_address[1]}"
     pusher = DiskPusher(str(tmp_path), timeout=1.5)
     t0 = time.monotonic()
-    try:
-        with pytest.raises(Exception) as err:
-            pusher.push(tiny[1], 7, [address])
-    finally:
-        release.set()
-        srv.shutdown()
+    with stuck_http() as address, pytest.raises(Exception) as err:
+        pusher.push(tiny[1], 7, [address])
     assert time.monotonic() - t0 < 15
     msg = str(err.value)
     assert msg.startswith(f"weight update (actor.weight_update_mode=disk) to inference server {address} failed after "

@@ -5,7 +5,6 @@ asynchronous training with partial rollouts on a server, and no server left afte
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -88,26 +87,7 @@ def test_fsdp2_with_two_processes_trains_on_a_vllm_server(vllm_mod, tmp_path):
 def test_a_killed_vllm_server_is_replaced(vllm_mod, tmp_path):
     """One of two vLLM servers killed after the first step: its requests go to the other, it is started again and
     given the current weights, and both serve again."""
-    from ..e2e.test_servers import _pids, _steps, _total
+    from ..e2e.test_servers import kill_one_and_recover, long_run
 
     run = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "areal_trainer", *TINY, "rollout.backend=vllm:d2p1t1",
-                             "total_train_steps=100000", "total_train_epochs=10000", f"hydra.run.dir={run}"],
-                            cwd=tmp_path, env=cli_env({"AREAL_TEST_SERVERS": str(tmp_path)}), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        wait_until(lambda: (run / "metrics.jsonl").exists() and len(_steps(run)) >= 1, proc, "the first step", 600)
-        os.kill(_pids(run)[0], signal.SIGKILL)
-        wait_until(lambda: _total(run, "rollout/server_retries") + _total(run, "rollout/server_failures") >= 1, proc,
-                   "the gone server noticed", 600)
-        wait_until(lambda: _total(run, "rollout/server_restarts") >= 1, proc, "the server's restart", 600)
-        n = len(_steps(run))
-        wait_until(lambda: len(_steps(run)) >= n + 2, proc, "steps on both servers again", 600)
-        assert _steps(run)[-1]["rollout/servers_down"] == 0
-        proc.send_signal(signal.SIGINT)
-        ended(proc, "Ctrl-C")
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert not processes_left(str(tmp_path), within=30)
+    kill_one_and_recover(long_run(tmp_path, run, "rollout.backend=vllm:d2p1t1"), run, tmp_path, wait=600)
