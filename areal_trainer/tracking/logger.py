@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
+import sys
 import time
 import warnings
 
@@ -61,8 +63,7 @@ class StatsLogger:
             space.append(self.path, [json.dumps(record) + "\n"])
         except space.AppendError as e:  # the run cannot keep its history: stop, its checkpoints intact
             raise UserError(f"{e.strerror} Free some space and resume with recover.mode=auto.") from None
-        if self.wandb is not None:
-            self.wandb.log(metrics, step=step)
+        self._to_wandb(lambda run: run.log(metrics, step=step))
 
     def log_samples(self, step: int, records: list[dict]) -> None:
         """Append one step's sample records to ``samples.jsonl`` and, with wandb, log them as a table."""
@@ -77,15 +78,57 @@ class StatsLogger:
         if self.wandb is not None:
             import wandb
 
-            self.wandb.log({"samples": wandb.Table(columns=list(TABLE_COLUMNS), data=table_rows(step, records))},
-                           step=step)
+            table = wandb.Table(columns=list(TABLE_COLUMNS), data=table_rows(step, records))
+            self._to_wandb(lambda run: run.log({"samples": table}, step=step))
+
+    def _to_wandb(self, write) -> None:
+        """``write(run)``; wandb is a copy of ``metrics.jsonl``, so a failure of its own (a full disk under its
+        directory, a service that died) is one warning, and the run goes on without it."""
+        if self.wandb is None:
+            return
+        try:
+            write(self.wandb)
+        except Exception as e:  # noqa: BLE001 - whatever wandb raises, the run's own record is metrics.jsonl
+            where = str(self.offline_dir or getattr(self.wandb, "dir", None) or "its directory")
+            why = " ".join(str(e).split())[:200] or type(e).__name__
+            print(f"warning: wandb cannot write to {where}: {type(e).__name__}: {why}. Free space there: "
+                  f"{space.free_space(where) if os.path.exists(where) else 'unknown'}. The run goes on without wandb; "
+                  "metrics.jsonl keeps every step, and what wandb wrote so far stays.", file=sys.stderr, flush=True)
+            run, self.wandb = self.wandb, None
+            _drop_file_logs(where)  # wandb's own log files there would fail on every record too
+            try:
+                run.finish(exit_code=1, quiet=True)
+            except Exception:  # noqa: BLE001 - it is broken already; nothing more to save
+                pass
 
     def close(self) -> None:
         if self.wandb is not None:
-            self.wandb.finish()
-            self.wandb = None
+            run, self.wandb = self.wandb, None
+            try:
+                run.finish()
+            except Exception as e:  # noqa: BLE001 - the run is over; its record is metrics.jsonl
+                warnings.warn(f"wandb could not finish its run in {self.offline_dir or run.dir}: {type(e).__name__}: "
+                              f"{' '.join(str(e).split())[:200]}. metrics.jsonl holds every step.", stacklevel=2)
+                return
             if self.offline_dir:
                 print(f"wandb: offline run saved; upload it with `wandb sync {self.offline_dir}`", flush=True)
+
+
+def _drop_file_logs(where: str) -> None:
+    """Close the logging handlers that write files under ``where`` (wandb's debug logs), so that a full disk there
+    is not reported again by every later log record."""
+    prefix = os.path.abspath(where) + os.sep
+    loggers = [logging.getLogger(), *(x for x in logging.root.manager.loggerDict.values()
+                                      if isinstance(x, logging.Logger))]
+    for logger in loggers:
+        for handler in list(logger.handlers):
+            name = getattr(handler, "baseFilename", "")
+            if isinstance(handler, logging.FileHandler) and os.path.abspath(name).startswith(prefix):
+                logger.removeHandler(handler)
+                try:
+                    handler.close()
+                except OSError:
+                    pass
 
 
 def _truncate_after(path: str, step: int) -> None:

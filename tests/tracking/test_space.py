@@ -126,3 +126,35 @@ def test_the_runs_record_on_a_full_disk_is_one_line_and_keeps_what_it_held(tmp_p
     with pytest.raises(UserError, match=r"resumes\.yaml: .*No space left.*Nothing was resumed yet"):
         record.append_resume(str(tmp_path), checkpoint="c", overrides=[], changes=[], skipped=[])
     assert (d / record.RESUMES).read_text() == ""
+
+
+class _FullWandb:
+    """A wandb run whose writes fail as on a full disk under its directory."""
+
+    def __init__(self, directory):
+        self.dir, self.logged, self.finished = str(directory), 0, []
+
+    def log(self, *args, **kwargs):
+        self.logged += 1
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def finish(self, **kwargs):
+        self.finished.append(kwargs)
+
+
+def test_wandb_on_a_full_disk_is_one_warning_and_the_run_keeps_its_metrics(tmp_path, capsys):
+    log = StatsLogger(str(tmp_path), _cfg())
+    run = log.wandb = _FullWandb(tmp_path / "wandb")
+    (tmp_path / "wandb").mkdir()
+    log.log(1, {"reward": 0.5})
+    log.log(2, {"reward": 0.75})
+    log.log_samples(2, [{"prompt": "p", "completion": "c"}])
+    log.close()
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith(f"warning: wandb cannot write to {tmp_path / 'wandb'}: OSError: [Errno 28] No space left "
+                             "on device. Free space there: ")
+    assert err[0].endswith("The run goes on without wandb; metrics.jsonl keeps every step, and what wandb wrote so "
+                           "far stays.")
+    assert run.logged == 1 and run.finished == [{"exit_code": 1, "quiet": True}]  # asked once, then left
+    assert [r["step"] for r in read_metrics(str(tmp_path / "metrics.jsonl"))] == [1, 2]
