@@ -4,7 +4,8 @@ Layers, bottom to top (docs/architecture.md): small utilities (``errors``, ``dty
 ``faults``, then ``plugins``); the pure maths (``loss``, which imports nothing of the package but
 ``errors``, then ``advantage``, which imports only the loss and ``errors``); ``config``; the parallelism
 helpers (``fsdp``, then ``dist``); ``model``; the peers ``data``, ``reward``, ``rollout``, ``tracking``,
-which do not import each other; ``components``, which binds a configuration to everything below;
+which do not import each other; ``environments`` (the hubs' environments as rows, a reward source and agents,
+over the peers); ``components``, which binds a configuration to everything below;
 ``train``, the only orchestrator; ``launch``; the entry point. A module may import from its own unit and
 from units below it. Imports inside functions count too (a lazy import is still a dependency). Inside
 ``rollout`` and ``train`` the subsystems (engines, workflows, agents) keep to their side too
@@ -23,7 +24,8 @@ import pytest
 
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "areal_trainer")
 LAYERS = [("errors", "dtypes", "metrics", "faults", "moved"), ("plugins",), ("loss",), ("advantage",), ("config",),
-          ("fsdp",), ("dist",), ("model",), ("data", "reward", "rollout", "tracking"), ("components",), ("train",),
+          ("fsdp",), ("dist",), ("model",), ("data", "reward", "rollout", "tracking"), ("environments",),
+          ("components",), ("train",),
           ("launch",), ("__main__", "__init__")]
 HANDED_CONFIG = {u for units in LAYERS[:LAYERS.index(("components",))] for u in units} - {"config"}
 """The units below ``components``: they never import ``config``."""

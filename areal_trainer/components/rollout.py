@@ -1,5 +1,6 @@
 """Binding ``rollout.*`` once: the engine from the registry (with the rules its capabilities imply), the
-workflow class (or the agent, run by the agent workflow), and the dynamic filter."""
+workflow class (or the agent, run by the agent workflow; or a multi-turn environment's episodes, run by the
+environment's agent workflow, ``environments/workflow.py``), and the dynamic filter."""
 
 from __future__ import annotations
 
@@ -29,14 +30,17 @@ class RolloutParts:
     accept: Callable | None = None
 
 
-def bind_rollout(cfg, problems: list[str], *, light: bool = False) -> RolloutParts | None:
+def bind_rollout(cfg, problems: list[str], *, light: bool = False, environment=None) -> RolloutParts | None:
     """The rollout's parts; every problem is appended to ``problems`` (None when there were any, and with
     ``light``). ``light``: without resolving the workflow or filter when it is one of this package's own,
-    whose modules import torch (a user's path is resolved: its imports are the user's)."""
+    whose modules import torch (a user's path is resolved: its imports are the user's). ``environment``: the
+    bound environment (``components/environment.py``), whose episodes a multi-turn one runs as agents."""
     r = cfg.rollout
     n = len(problems)
     engine = _engine(cfg, problems, light)
-    if r.agent is not None:
+    if environment is not None and environment.multi_turn:
+        workflow, workflow_kwargs = _environment(cfg, environment, problems, light)
+    elif r.agent is not None:
         workflow, workflow_kwargs = _agent(cfg, problems, light)
     elif light and _own(r.workflow):
         workflow, workflow_kwargs = None, {}
@@ -100,12 +104,30 @@ def _agent(cfg, problems: list[str], light: bool = False) -> tuple[type | None, 
         return None, {}
     from ..rollout.agents.workflow import AgentWorkflow
 
-    return AgentWorkflow, dict(agent=spec, timeout=r.agent_timeout, export=r.agent_export,
-                               turn_discount=r.turn_discount, tool_call_parser=r.tool_call_parser,
-                               batching=r.agent_batching, batch_wait=r.agent_batch_wait,
-                               max_calls=r.agent_max_calls, max_choices=r.agent_max_choices,
-                               max_concurrent=None if r.max_concurrent_rollouts is None
-                               else r.max_concurrent_rollouts * cfg.gconfig.n_samples)
+    return AgentWorkflow, dict(agent=spec, **agent_settings(cfg))
+
+
+def agent_settings(cfg) -> dict[str, Any]:
+    """The agent workflow's settings from ``rollout.*``, but the agent (``rollout/agents/workflow.py``)."""
+    r = cfg.rollout
+    return dict(timeout=r.agent_timeout, export=r.agent_export, turn_discount=r.turn_discount,
+                tool_call_parser=r.tool_call_parser, batching=r.agent_batching, batch_wait=r.agent_batch_wait,
+                max_calls=r.agent_max_calls, max_choices=r.agent_max_choices,
+                max_concurrent=None if r.max_concurrent_rollouts is None
+                else r.max_concurrent_rollouts * cfg.gconfig.n_samples)
+
+
+def _environment(cfg, environment, problems: list[str], light: bool) -> tuple[type | None, dict[str, Any]]:
+    """A multi-turn environment's episodes as the environment's agent workflow, with the agent's settings."""
+    try:
+        get_parser(cfg.rollout.tool_call_parser)
+    except ValueError as e:
+        problems.append(str(e))
+    if light:
+        return None, {}
+    from ..environments.workflow import EnvironmentWorkflow
+
+    return EnvironmentWorkflow, dict(environment=environment.adapter, **agent_settings(cfg))
 
 
 def _workflow(path: str, kwargs: dict, problems: list[str]) -> type | None:

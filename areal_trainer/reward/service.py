@@ -47,11 +47,14 @@ _UNUSABLE = {"nonfinite": "NaN or infinite", "out_of_range": "beyond float32, in
 
 
 class SourceResult(NamedTuple):
-    """One source's scores for a batch: per sample a value (a float when ``ok``), a status, a detail."""
+    """One source's scores for a batch: per sample a value (a float when ``ok``), a status, a detail; and,
+    optionally, named parts of the value (an environment's reward functions), each per sample (None where
+    none), logged under their own metric names as means."""
 
     values: list[float | None]
     status: list[str]
     details: list[str]
+    parts: dict[str, list[float | None]] | None = None
 
     @classmethod
     def from_values(cls, values: Sequence[Any], label: str) -> SourceResult:
@@ -152,20 +155,17 @@ class RewardScores:
     none: list[int]
     all_none: list[int]
     values: dict[str, list[float | None]] = field(default_factory=dict)
+    parts: dict[str, list[float | None]] = field(default_factory=dict)
+    """Named parts of the sources' values by metric name (``env/<name>``), per sample (None where none)."""
 
     @classmethod
     def empty(cls, n: int, names: Sequence[str]) -> RewardScores:
         return cls([0.0] * n, *([0] * n for _ in COUNTERS), values={name: [None] * n for name in names})
 
     def stats(self, lo: int = 0, hi: int | None = None) -> dict[str, float]:
-        """Counters summed over samples ``lo:hi`` (``reward/errors``...), and ``reward/<name>``, each
+        """Counters summed over samples ``lo:hi`` (``reward/errors``...), ``reward/<name>``, each
         source's mean over those of them it gave a number for (absent when none)."""
-        out = {f"reward/{c}": float(sum(getattr(self, c)[lo:hi])) for c in COUNTERS}
-        for name, values in self.values.items():
-            numbers_ = [v for v in values[lo:hi] if v is not None]
-            if numbers_:
-                out[f"reward/{name}"] = sum(numbers_) / len(numbers_)
-        return out
+        return {k: float(v.value) for k, v in self.typed(lo, hi).items()}
 
     def metrics(self) -> dict[str, float]:
         """:meth:`stats` of the whole batch."""
@@ -175,10 +175,11 @@ class RewardScores:
         """:meth:`stats` of samples ``lo:hi`` as metrics that combine over groups and processes: the counters
         add up, each source's mean is weighted by the samples it gave a number for."""
         out: dict[str, Metric] = {f"reward/{c}": Sum(float(sum(getattr(self, c)[lo:hi]))) for c in COUNTERS}
-        for name, values in self.values.items():
+        named = {**{f"reward/{name}": values for name, values in self.values.items()}, **self.parts}
+        for key, values in named.items():
             numbers_ = [v for v in values[lo:hi] if v is not None]
             if numbers_:
-                out[f"reward/{name}"] = Mean(sum(numbers_) / len(numbers_), len(numbers_))
+                out[key] = Mean(sum(numbers_) / len(numbers_), len(numbers_))
         return out
 
 
@@ -266,8 +267,9 @@ class RewardService:
                             f"batch: {timeouts} ran past reward.timeout and {len(failed)} failed. Training on "
                             "reward.timeout_value alone teaches nothing: make the function faster, raise "
                             "reward.timeout, or give it more reward.workers.")
-        if len(failed) <= self.max_error_fraction * len(samples):
-            return
+        limit = getattr(source, "max_error_fraction", self.max_error_fraction)
+        if len(failed) < len(samples) if limit is None else len(failed) <= limit * len(samples):
+            return  # a source with no fraction of its own (None) stops the run only when it failed on every sample
         counts = {st: result.status.count(st) for st in _FAILURES}
         i = failed[0]
         label = getattr(source, "label", source.name)
@@ -295,6 +297,8 @@ class RewardService:
 
     def _add(self, scores: RewardScores, name: str, weight: float, result: SourceResult) -> None:
         scored = scores.values[name]
+        for key, values in (result.parts or {}).items():
+            scores.parts[key] = list(values)
         for i, (status, value) in enumerate(zip(result.status, result.values)):
             if status == "ok":
                 scores.rewards[i] += weight * value

@@ -1,0 +1,88 @@
+"""A turn-based game as an agent episode, for the environments that step on text (Gymnasium, OpenEnv): the
+observation of ``reset`` is the first user message, each answer of the model is an action, each observation
+after it the next user message, until the game ends or ``environment.max_turns`` answers were given.
+
+A *game* (``gym_env.GymGame``, ``openenv_env.OpenEnvGame``) offers ``async start(seed) -> (handle, text)``,
+``action(text) -> action`` (raising :class:`InvalidAction` when the answer is no action of the game),
+``async step(handle, action) -> Step`` and ``async close(handle)``.
+
+Rewards. Each step's reward goes to the model call that chose its action (``{completion_id: reward}``), so the
+episode's return is the step rewards summed with ``rollout.turn_discount`` (``rollout/agents/trajectory.py``).
+An answer that is no action of the game ends the episode with 0 for that call (``env/invalid_actions``): it is
+the policy's doing. A request that leaves no room for an answer ends it too (``agent/length_refusals``). An
+episode still running after ``max_turns`` answers ends there, with the rewards it earned
+(``env/turn_limits``). ``reset`` or ``step`` raising, or a reward that is not a finite number, is the
+environment's failure (:class:`~areal_trainer.environments.base.EnvironmentFailure`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .base import KEY, EnvironmentFailure, describe, reward_value
+
+SEED = "env_seed"
+"""The row column with the episode's seed (``reset(seed=...)``)."""
+
+
+class InvalidAction(ValueError):
+    """The model's answer is not an action of the game (e.g. no number for a ``Discrete`` action space)."""
+
+
+@dataclass
+class Step:
+    text: str
+    reward: float
+    done: bool
+    parts: dict[str, float] = field(default_factory=dict)
+
+
+async def play(game: Any, data: dict, client: Any, record: Any, *, max_turns: int, system: str | None,
+               label: str) -> dict[str, float]:
+    """One episode (see the module docstring); the reward of each model call, by completion id."""
+    seed = data.get(SEED)
+    if not isinstance(seed, int):
+        raise EnvironmentFailure("reset", f"row {data.get(KEY)!r} has no episode seed")
+    try:
+        handle, first = await game.start(seed)
+    except EnvironmentFailure:
+        raise
+    except Exception as e:  # noqa: BLE001 - the environment's own reset
+        raise EnvironmentFailure("reset", f"reset(seed={seed}) raised {describe(e)}") from e
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": first}]
+    rewards: dict[str, float] = {}
+    try:
+        for turn in range(max_turns):
+            reply = await client.chat.completions.create(model="policy", messages=messages)
+            choice = reply.choices[0]
+            text = choice.message.content or ""
+            if choice.finish_reason == "length" and not text:
+                break  # no room left for an answer: nothing was sampled
+            try:
+                action = game.action(text)
+            except InvalidAction:
+                record.invalid_actions += 1
+                rewards[reply.id] = 0.0
+                break
+            try:
+                step = await game.step(handle, action)
+            except EnvironmentFailure:
+                raise
+            except Exception as e:  # noqa: BLE001 - the environment's own step
+                raise EnvironmentFailure("step", f"step({text[:60]!r}) raised {describe(e)}") from e
+            rewards[reply.id] = reward_value(step.reward, "step")
+            for name, value in step.parts.items():
+                record.parts[name] = record.parts.get(name, 0.0) + reward_value(value, name)
+            if step.done:
+                break
+            messages += [{"role": "assistant", "content": text}, {"role": "user", "content": step.text}]
+            if turn == max_turns - 1:
+                record.turn_limit = True
+    finally:
+        try:
+            await game.close(handle)
+        except Exception:  # noqa: BLE001,S110 - closing a finished game cannot change its rewards
+            pass
+    record.parts.setdefault("return", sum(rewards.values()))
+    return rewards
