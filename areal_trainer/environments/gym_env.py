@@ -5,7 +5,7 @@ which registers it) made with ``gymnasium.make(id, **environment.kwargs)``, or a
 ``module.Class`` built as ``Class(**environment.kwargs)``. One environment per episode: ``reset(seed=s)`` with
 the row's seed (training row ``i``: ``environment.seed + i``; held-out rows from ``environment.eval_seed``),
 ``step(action) -> (observation, reward, terminated, truncated, info)``; the episode ends at ``terminated`` or
-``truncated``.
+``truncated``. A row's prompt is the observation of its seed's ``reset`` (``turns.game_rows``).
 
 Text in and out. An observation is the next user message: a string as it is (``spaces.Text``), anything else
 as ``str()``. An answer is the action: the text itself for a ``spaces.Text`` action space, its last integer for
@@ -22,8 +22,8 @@ from typing import Any
 
 from ..data.files import Row
 from ..errors import suggest
-from .base import KEY, EnvironmentFailure, Settings, describe
-from .turns import SEED, InvalidAction, Step, play
+from .base import EnvironmentFailure, Settings, describe
+from .turns import InvalidAction, Step, game_rows, play
 
 DEFAULT_SIZE = 1000
 _INT = re.compile(r"-?\d+")
@@ -76,12 +76,14 @@ class GymEnvironment:
                                        "it), or module.Class.")
 
     def rows(self, split: str) -> list[Row]:
-        s = self.settings
-        first = s.seed_of(split, DEFAULT_SIZE)
-        n = (s.size or DEFAULT_SIZE) if split == "train" else s.eval_size
-        prompt = [{"role": "user", "content": f"Episode {first + i} of {s.id}."} for i in range(n)]
-        return [Row({"prompt": [p], KEY: f"{split}/{i}", SEED: first + i}, f"episode {i} (seed {first + i}) of "
-                    f"{self.label} ({split})") for i, p in enumerate(prompt)]
+        return game_rows(self, split, DEFAULT_SIZE)
+
+    def first_observation(self, seed: int) -> str:
+        env = self.make()
+        try:
+            return _text(env.reset(seed=seed)[0])
+        finally:
+            env.close()
 
     async def episode(self, data: dict, client: Any, record: Any) -> dict[str, float]:
         system = self.settings.system_prompt or None

@@ -25,8 +25,8 @@ from typing import Any
 
 from ..data.files import Row
 from ..errors import suggest
-from .base import KEY, EnvironmentFailure, Settings, describe
-from .turns import SEED, InvalidAction, Step, play
+from .base import EnvironmentFailure, Settings, describe
+from .turns import InvalidAction, Step, game_rows, play
 
 DEFAULT_SIZE = 1000
 BASE_FIELDS = ("done", "reward", "metadata")
@@ -56,11 +56,18 @@ class OpenEnvEnvironment:
         self.text_field = _text_field(self.action_schema)
 
     def rows(self, split: str) -> list[Row]:
-        s = self.settings
-        first = s.seed_of(split, DEFAULT_SIZE)
-        n = (s.size or DEFAULT_SIZE) if split == "train" else s.eval_size
-        return [Row({"prompt": [{"role": "user", "content": f"Episode {first + i} of {s.id}."}], KEY: f"{split}/{i}",
-                     SEED: first + i}, f"episode {i} (seed {first + i}) of {self.label} ({split})") for i in range(n)]
+        return game_rows(self, split, DEFAULT_SIZE)
+
+    def first_observation(self, seed: int) -> str:
+        if self.url is not None:
+            raise EnvironmentFailure("reset", "a server's episodes start when they run")
+        env = self.cls(**dict(self.settings.kwargs))
+        try:
+            return _text(env.reset(seed=seed))
+        finally:
+            close = getattr(env, "close", None)
+            if callable(close) and not inspect.iscoroutinefunction(close):
+                close()
 
     async def episode(self, data: dict, client: Any, record: Any) -> dict[str, float]:
         return await play(self, data, client, record, max_turns=self.settings.max_turns,

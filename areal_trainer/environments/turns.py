@@ -20,10 +20,32 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..data.files import Row
 from .base import KEY, EnvironmentFailure, describe, reward_value
 
 SEED = "env_seed"
 """The row column with the episode's seed (``reset(seed=...)``)."""
+
+
+def game_rows(game: Any, split: str, default_size: int) -> list[Row]:
+    """One row per episode seed of ``split`` (training row ``i``: ``environment.seed + i``; held-out rows from
+    ``environment.eval_seed``). Its prompt is the system message and the observation of ``reset`` with its seed
+    (``game.first_observation``); where that raises (the episode will fail and be counted when it runs) or a
+    server's episodes only start when they run, a stand-in naming the seed. An episode's own ``reset`` gives its
+    first message."""
+    s = game.settings
+    first = s.seed_of(split, default_size)
+    n = (s.size or default_size) if split == "train" else s.eval_size
+    system = [{"role": "system", "content": s.system_prompt}] if s.system_prompt else []
+    rows = []
+    for i in range(n):
+        try:
+            text = game.first_observation(first + i)
+        except Exception:  # noqa: BLE001 - counted when the episode runs; the row keeps its place
+            text = f"Episode {first + i}."
+        rows.append(Row({"prompt": [*system, {"role": "user", "content": text}], KEY: f"{split}/{i}",
+                         SEED: first + i}, f"episode {i} (seed {first + i}) of {game.label} ({split})"))
+    return rows
 
 
 class InvalidAction(ValueError):

@@ -33,14 +33,15 @@ class VerifiersEnvironment:
 
     def __init__(self, settings: Settings):
         from pydantic import ValidationError
-        from verifiers.v1.utils import loaders
+        from verifiers.v1 import Taskset, TasksetConfig
+        from verifiers.v1.utils.generic import concrete_type
 
         self.settings, self.label = settings, f"verifiers:{settings.id}"
         try:
-            cls = loaders.taskset_class(settings.id)
+            cls = taskset_class(settings.id)
         except (ModuleNotFoundError, AttributeError, TypeError, ValueError) as e:
             raise EnvironmentFailure("id", f"cannot load the verifiers taskset {settings.id!r}: {describe(e)}") from e
-        self.config_type = loaders.taskset_config_type(settings.id)
+        self.config_type = concrete_type(cls, TasksetConfig, origin=Taskset) or TasksetConfig
         self.cls, self.task_cls = cls, cls.task_type()
         self.configs = {}
         for split, value in (("train", settings.split), ("eval", settings.eval_split)):
@@ -63,13 +64,12 @@ class VerifiersEnvironment:
         self._shared: dict[int, list] = {}
 
     def fields(self) -> list[str]:
+        """The taskset config's own fields (what ``environment.kwargs`` may set)."""
         return [n for n in self.config_type.model_fields if n not in ("id", "task", "system_prompt")]
 
     def _taskset(self, split: str):
-        from verifiers.v1.utils.loaders import load_taskset
-
         try:
-            return load_taskset(self.configs[split])
+            return self.cls(self.configs[split])
         except Exception as e:  # noqa: BLE001 - the taskset's own code: reported as the environment's
             raise EnvironmentFailure("load", f"loading the taskset raised {describe(e)}") from e
 
@@ -142,3 +142,16 @@ class VerifiersEnvironment:
         task = self.task(fields.get(KEY))
         return await score_conversation(task, [*self.prompt(task), {"role": "assistant", "content": completion}],
                                         sampled_from=len(self.prompt(task)))
+
+
+def taskset_class(ident: str) -> type:
+    """The ``vf.Taskset`` subclass ``ident`` names: an installed taskset id as verifiers resolves it, or a module
+    path (``my_pkg.my_taskset``, which verifiers' own loader does not take) exporting one in ``__all__``."""
+    import importlib
+
+    from verifiers.v1 import Taskset
+    from verifiers.v1.utils import loaders
+
+    if "." in ident and "/" not in ident and "@" not in ident:
+        return loaders._plugin_class(importlib.import_module(ident), Taskset, "taskset")
+    return loaders.taskset_class(ident)
