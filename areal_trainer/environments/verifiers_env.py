@@ -40,7 +40,9 @@ class VerifiersEnvironment:
         try:
             cls = taskset_class(settings.id)
         except (ModuleNotFoundError, AttributeError, TypeError, ValueError) as e:
-            raise EnvironmentFailure("id", f"cannot load the verifiers taskset {settings.id!r}: {describe(e)}") from e
+            known = f" Installed tasksets: {', '.join(installed())}." if isinstance(e, ModuleNotFoundError) else ""
+            raise EnvironmentFailure("id", f"cannot load the verifiers taskset {settings.id!r}: {describe(e)}"
+                                           f"{known}") from e
         self.config_type = concrete_type(cls, TasksetConfig, origin=Taskset) or TasksetConfig
         self.cls, self.task_cls = cls, cls.task_type()
         self.configs = {}
@@ -155,3 +157,18 @@ def taskset_class(ident: str) -> type:
     if "." in ident and "/" not in ident and "@" not in ident:
         return loaders._plugin_class(importlib.import_module(ident), Taskset, "taskset")
     return loaders.taskset_class(ident)
+
+
+def installed() -> list[str]:
+    """The taskset ids installed here: verifiers' built-in ones and the packages that require verifiers."""
+    import pkgutil
+    from importlib import metadata
+
+    from verifiers.v1 import tasksets
+
+    found = sorted(m.name for m in pkgutil.iter_modules(tasksets.__path__))
+    for dist in metadata.distributions():
+        requires = dist.requires or []
+        if any(r.split(";")[0].strip().lower().startswith("verifiers") for r in requires):
+            found.append(dist.metadata["Name"])
+    return found or ["none"]

@@ -3,7 +3,8 @@ reset seed, each guess is answered ``more`` or ``fewer``, a right guess ends the
 
 ``GuessNumber-v0`` is registered when this module is imported (``environment.id=tests.environments.games:
 GuessNumber-v0``); :class:`GuessNumber` is the class (``environment.id=tests.environments.games.GuessNumber``).
-``fail_reset`` / ``fail_step`` / ``nan_reward`` make the environment misbehave on purpose."""
+``fail_reset`` (every seed) / ``fail_seed`` (one seed) / ``fail_step`` / ``nan_reward`` make the environment
+misbehave on purpose."""
 
 import math
 import re
@@ -33,13 +34,15 @@ def _reply(guess: int | None, secret: int) -> tuple[str, float, bool]:
 class GuessNumber(gym.Env):
     """Guess a number in 1..high; text observations and actions."""
 
-    def __init__(self, high: int = 8, fail_reset: bool = False, fail_step: bool = False, nan_reward: bool = False):
+    def __init__(self, high: int = 8, fail_reset: bool = False, fail_step: bool = False, nan_reward: bool = False,
+                 fail_seed: int = -1):
         self.high, self.fail_reset, self.fail_step, self.nan_reward = high, fail_reset, fail_step, nan_reward
+        self.fail_seed = fail_seed
         self.observation_space, self.action_space = TEXT, TEXT
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
-        if self.fail_reset:
+        if self.fail_reset or seed == self.fail_seed:
             raise RuntimeError("the game could not start")
         self.secret = int(self.np_random.integers(1, self.high + 1))
         return f"There are 1 to {self.high} cards. How many cards?", {}
