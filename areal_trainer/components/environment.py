@@ -51,7 +51,8 @@ def settings_of(cfg) -> Settings:
     e = cfg.environment
     return Settings(type=e.type, id=e.id, kwargs=dict(e.kwargs), split=e.split, eval_split=e.eval_split, size=e.size,
                     eval_size=e.eval_size, seed=e.seed, eval_seed=e.eval_seed, max_turns=e.max_turns,
-                    system_prompt=e.system_prompt, answer_tag=e.answer_tag, evaluate=cfg.valid_dataset is not None)
+                    system_prompt=e.system_prompt, answer_tag=e.answer_tag, answer_pattern=e.answer_pattern,
+                    evaluate=cfg.valid_dataset is not None)
 
 
 def bind_environment(cfg, problems: list[str], *, light: bool = False) -> EnvironmentSpec | None:

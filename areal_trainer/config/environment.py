@@ -4,6 +4,7 @@ the turns, and scores the answers itself; binding it (importing the package, fin
 kwargs) is ``components/environment.py``; the adapters are ``areal_trainer/environments/``. docs/environments.md
 has the whole story."""
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
@@ -56,6 +57,10 @@ class EnvironmentConfig(Checked):
     answer_tag: Optional[str] = "answer"
     """reasoning-gym: the tag whose last ``<tag>...</tag>`` in the answer is what ``score_answer`` scores, as
     reasoning-gym's own evaluations extract it (null: the whole answer, stripped)."""
+    answer_pattern: Optional[str] = None
+    """reasoning-gym: a regular expression whose last match in the answer (its first group, if it has one) is
+    what ``score_answer`` scores, in place of ``answer_tag`` (e.g. ``-?\\d+``: the last integer written; no
+    match scores 0). null: ``answer_tag`` decides."""
 
     def check(self, key: str) -> list[str]:
         if self.type is None:
@@ -71,6 +76,11 @@ class EnvironmentConfig(Checked):
         p += at_least_one(f"{key}.max_turns", self.max_turns)
         p += integer_at_least(f"{key}.seed", self.seed, 0)
         p += integer_at_least(f"{key}.eval_seed", self.eval_seed, 0, nullable=True)
+        if self.answer_pattern is not None:
+            try:
+                re.compile(self.answer_pattern)
+            except (re.error, TypeError) as e:
+                p.append(f"{key}.answer_pattern: got {self.answer_pattern!r}, not a regular expression ({e}).")
         if self.type in ("reasoning_gym", "gym", "openenv"):
             p += [f"{key}.{k}: {key}.type={self.type} has no splits; the held-out rows come from "
                   f"{key}.eval_seed. Drop {key}.{k}." for k in ("split", "eval_split") if getattr(self, k) is not None]

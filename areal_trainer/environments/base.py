@@ -46,6 +46,7 @@ class Settings:
     max_turns: int = 8
     system_prompt: str | None = None
     answer_tag: str | None = "answer"
+    answer_pattern: str | None = None
     evaluate: bool = True
     """Whether the run evaluates (``valid_dataset`` set): a verifiers taskset then keeps held-out tasks back."""
 

@@ -8,14 +8,16 @@ as the user message, after the system prompt (reasoning-gym's own default instru
 answer in ``<answer>`` tags; ``environment.system_prompt`` replaces it). An answer is scored by
 ``dataset.score_answer(extracted, entry)``, a number in [0, 1]: the text of the last
 ``<environment.answer_tag>`` tag as reasoning-gym's evaluations extract it (None without one, which scores 0),
-or the whole answer, stripped, with ``environment.answer_tag=null``. A score of 1 is a correct answer
-(``all_or_nothing``); some tasks give partial credit below it.
+the whole answer, stripped, with ``environment.answer_tag=null``, or the last match of
+``environment.answer_pattern`` when it is set (its first group if it has one; None without a match). A score
+of 1 is a correct answer (``all_or_nothing``); some tasks give partial credit below it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import re
 
 from ..data.files import Row
 from ..errors import suggest
@@ -58,7 +60,7 @@ class ReasoningGymEnvironment:
         s = self.settings
         if s.system_prompt is not None:
             return s.system_prompt or None
-        if s.answer_tag != "answer":
+        if s.answer_tag != "answer" or s.answer_pattern is not None:
             return None
         from reasoning_gym.utils import SYSTEM_PROMPTS
 
@@ -78,7 +80,14 @@ class ReasoningGymEnvironment:
         return out
 
     def extract(self, completion: str) -> str | None:
-        tag = self.settings.answer_tag
+        s = self.settings
+        if s.answer_pattern is not None:
+            found = list(re.finditer(s.answer_pattern, completion))
+            if not found:
+                return None
+            last = found[-1]
+            return last.group(1) if last.re.groups else last.group(0)
+        tag = s.answer_tag
         if tag is None:
             return completion.strip()
         from reasoning_gym.utils import extract_answer

@@ -82,7 +82,9 @@ class GuessObservation(Observation):
 
 
 class GuessEnvironment(Environment[GuessAction, GuessObservation, State]):
-    """The same game as an OpenEnv environment."""
+    """The same game as an OpenEnv environment (each instance its own game: sessions may run side by side)."""
+
+    SUPPORTS_CONCURRENT_SESSIONS = True
 
     def __init__(self, high: int = 8, fail_step: bool = False):
         super().__init__()

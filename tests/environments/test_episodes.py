@@ -73,6 +73,9 @@ def test_reasoning_gym_scores_the_tagged_answer_with_its_own_score_answer():
     untagged = load(Settings(type="reasoning_gym", id="chain_sum", size=3, answer_tag=None))
     assert env_score(untagged, untagged.rows("train")[0].columns, f" {answer}\n") == 1.0
     assert untagged.rows("train")[0].columns["prompt"][0]["role"] == "user"  # no tag: no instruction about one
+    number = load(Settings(type="reasoning_gym", id="chain_sum", size=3, answer_pattern=r"-?\d+"))
+    assert env_score(number, number.rows("train")[0].columns, f"1 + 2 is 7, no: {answer}.") == 1.0
+    assert env_score(number, number.rows("train")[0].columns, "no number") == 0.0
 
 
 def env_score(env, row, text):
@@ -208,3 +211,45 @@ def test_a_failing_scoring_of_single_turn_rows_is_counted_and_only_a_batch_that_
         assert scores.rewards[:2] == [0.0, 0.0] and scores.stats()["env/short"] == 1.0
         with pytest.raises(UserError, match="failed on 1 of 1 samples"):
             reward.score_completions(rows[:1], ["30"])
+
+
+@pytest.fixture
+def openenv_server():
+    """The OpenEnv game served over HTTP on this machine (OpenEnv's own server app), its URL."""
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+    from openenv.core.env_server.http_server import create_app
+
+    from tests.environments.games import GuessAction, GuessEnvironment, GuessObservation
+
+    app = create_app(lambda: GuessEnvironment(high=2), GuessAction, GuessObservation, max_concurrent_envs=8)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    server.should_exit = True
+    thread.join(30)
+
+
+def test_an_openenv_server_by_url_plays_like_its_class(openenv_server):
+    tok = build_tokenizer("builtin:tiny")
+    env = load(Settings(type="openenv", id=openenv_server, size=4, max_turns=3))
+    assert env.text_field == "message"  # read from the server's /schema
+    engine = RuleEngine(tok, lambda text: "1" if text.count("<|im_start|>assistant") == 1 else "2")
+    wf = agent_workflow(env, engine, tok, turn_discount=0.5)
+    try:
+        groups = wf.rollout(samples(env, tok), GenerationHyperparameters(n_samples=2, max_new_tokens=4))
+    finally:
+        wf.close()
+    assert _rows_match_engine(groups, engine.returned) == len(engine.returned)
+    # seeds 0..3: the secret is 1 + seed % 2, so even seeds are guessed at once, odd ones at the second guess
+    assert [g.episode_rewards for g in groups] == [(1.0, 1.0), (0.5, 0.5), (1.0, 1.0), (0.5, 0.5)]
+    assert env.rows("train")[0].columns["prompt"][-1]["content"] == "Episode 0."  # episodes start when they run
