@@ -5,7 +5,9 @@ which registers it) made with ``gymnasium.make(id, **environment.kwargs)``, or a
 ``module.Class`` built as ``Class(**environment.kwargs)``. One environment per episode: ``reset(seed=s)`` with
 the row's seed (training row ``i``: ``environment.seed + i``; held-out rows from ``environment.eval_seed``),
 ``step(action) -> (observation, reward, terminated, truncated, info)``; the episode ends at ``terminated`` or
-``truncated``. A row's prompt is the observation of its seed's ``reset`` (``turns.game_rows``).
+``truncated``. A row's prompt is the observation of its seed's ``reset``, and its columns the text and
+number values of that ``reset``'s ``info`` (``turns.game_rows``: a ``demonstration`` there is what the warm
+start of a built-in model imitates).
 
 Text in and out. An observation is the next user message: a string as it is (``spaces.Text``), anything else
 as ``str()``. An answer is the action: the text itself for a ``spaces.Text`` action space, its last integer for
@@ -78,12 +80,15 @@ class GymEnvironment:
     def rows(self, split: str) -> list[Row]:
         return game_rows(self, split, DEFAULT_SIZE)
 
-    def first_observation(self, seed: int) -> str:
+    def first_observation(self, seed: int) -> tuple[str, dict]:
+        """The observation of ``reset(seed=seed)``, and its ``info``'s text and number values as row columns."""
         env = self.make()
         try:
-            return _text(env.reset(seed=seed)[0])
+            obs, info = env.reset(seed=seed)
         finally:
             env.close()
+        simple = (str, int, float, bool)
+        return _text(obs), {k: v for k, v in dict(info or {}).items() if isinstance(k, str) and isinstance(v, simple)}
 
     async def episode(self, data: dict, client: Any, record: Any) -> dict[str, float]:
         system = self.settings.system_prompt or None

@@ -58,12 +58,12 @@ class OpenEnvEnvironment:
     def rows(self, split: str) -> list[Row]:
         return game_rows(self, split, DEFAULT_SIZE)
 
-    def first_observation(self, seed: int) -> str:
+    def first_observation(self, seed: int) -> tuple[str, dict]:
         if self.url is not None:
             raise EnvironmentFailure("reset", "a server's episodes start when they run")
         env = self.cls(**dict(self.settings.kwargs))
         try:
-            return _text(env.reset(seed=seed))
+            return _text(env.reset(seed=seed)), {}
         finally:
             close = getattr(env, "close", None)
             if callable(close) and not inspect.iscoroutinefunction(close):

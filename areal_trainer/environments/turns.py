@@ -30,9 +30,10 @@ SEED = "env_seed"
 def game_rows(game: Any, split: str, default_size: int) -> list[Row]:
     """One row per episode seed of ``split`` (training row ``i``: ``environment.seed + i``; held-out rows from
     ``environment.eval_seed``). Its prompt is the system message and the observation of ``reset`` with its seed
-    (``game.first_observation``); where that raises (the episode will fail and be counted when it runs) or a
-    server's episodes only start when they run, a stand-in naming the seed. An episode's own ``reset`` gives its
-    first message."""
+    (``game.first_observation``: the text, and the columns the game gives the row, e.g. the text and number
+    values of Gymnasium's reset ``info``: a ``demonstration`` for the warm start, an ``answer``); where that
+    raises (the episode will fail and be counted when it runs) or a server's episodes only start when they run,
+    a stand-in naming the seed. An episode's own ``reset`` gives its first message."""
     s = game.settings
     first = s.seed_of(split, default_size)
     n = (s.size or default_size) if split == "train" else s.eval_size
@@ -40,11 +41,11 @@ def game_rows(game: Any, split: str, default_size: int) -> list[Row]:
     rows = []
     for i in range(n):
         try:
-            text = game.first_observation(first + i)
+            text, columns = game.first_observation(first + i)
         except Exception:  # noqa: BLE001 - counted when the episode runs; the row keeps its place
-            text = f"Episode {first + i}."
-        rows.append(Row({"prompt": [*system, {"role": "user", "content": text}], KEY: f"{split}/{i}",
-                         SEED: first + i}, f"episode {i} (seed {first + i}) of {game.label} ({split})"))
+            text, columns = f"Episode {first + i}.", {}
+        own = {"prompt": [*system, {"role": "user", "content": text}], KEY: f"{split}/{i}", SEED: first + i}
+        rows.append(Row({**columns, **own}, f"episode {i} (seed {first + i}) of {game.label} ({split})"))
     return rows
 
 

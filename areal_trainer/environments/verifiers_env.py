@@ -102,6 +102,11 @@ class VerifiersEnvironment:
         return prompt_messages(system, task.data.prompt)
 
     def rows(self, split: str) -> list[Row]:
+        """One row per task: its prompt, and the fields its data class adds to ``vf.TaskData`` as columns (an
+        ``answer``, a ``demonstration`` or ``demonstration_messages`` for the warm start, anything a reward
+        function of ``reward.fn`` takes); ``answer`` only when every task has one."""
+        from verifiers.v1 import TaskData
+
         tasks = self.tasks(split)
         if not tasks:
             raise EnvironmentFailure("load", f"the {split} split has no task")
@@ -111,7 +116,8 @@ class VerifiersEnvironment:
         for i, task in enumerate(tasks):
             key = f"{split}/{i}"
             self._tasks[key] = task
-            columns = {"prompt": self.prompt(task), KEY: key}
+            own = {n: getattr(task.data, n) for n in type(task.data).model_fields if n not in TaskData.model_fields}
+            columns = {**{n: v for n, v in own.items() if n != "answer"}, "prompt": self.prompt(task), KEY: key}
             if with_answer:
                 columns["answer"] = answers[i]
             name = task.data.name or task.data.id or f"idx {task.data.idx}"
