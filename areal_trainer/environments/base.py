@@ -92,7 +92,7 @@ def reward_value(value: Any, what: str) -> float:
 
 
 def describe(e: BaseException) -> str:
-    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}"
+    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:600]}"
 
 
 _WARNED: set[tuple[str, str]] = set()

@@ -160,9 +160,20 @@ def taskset_class(ident: str) -> type:
     from verifiers.v1 import Taskset
     from verifiers.v1.utils import loaders
 
-    if "." in ident and "/" not in ident and "@" not in ident:
-        return loaders._plugin_class(importlib.import_module(ident), Taskset, "taskset")
-    return loaders.taskset_class(ident)
+    module = importlib.import_module(ident) if "." in ident and "/" not in ident and "@" not in ident else \
+        loaders.import_taskset(ident)
+    if callable(getattr(module, "load_environment", None)) and not _exports_taskset(module, Taskset):
+        raise TypeError(f"{module.__name__!r} exports a module-level load_environment, the environment API of "
+                        "verifiers before 0.4 (vf.SingleTurnEnv, vf.Rubric...), which verifiers 0.4 removed; its "
+                        "tasksets export a vf.Taskset subclass in __all__. Port it to verifiers.v1 (vf.Taskset, "
+                        "vf.Task with @vf.reward functions), or install the version of the package written for "
+                        "verifiers 0.4")
+    return loaders._plugin_class(module, Taskset, "taskset")
+
+
+def _exports_taskset(module, base: type) -> bool:
+    return any(isinstance(obj := getattr(module, name, None), type) and issubclass(obj, base) and obj is not base
+               for name in getattr(module, "__all__", ()))
 
 
 def installed() -> list[str]:

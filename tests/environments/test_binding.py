@@ -31,6 +31,8 @@ def problems(overrides: list[str]) -> list[str]:
     (["environment.type=verifiers", "environment.id=no_such_taskset"],
      ["taskset 'no_such_taskset' not found", "Installed tasksets: harbor, nemo_gym, openenv, textarena"]),
     (["environment.type=verifiers", "environment.id=tests.environments.games"], ["defines no `__all__`"]),
+    (["environment.type=verifiers", "environment.id=tests.environments.legacy_env"],
+     ["exports a module-level load_environment, the environment API of verifiers before 0.4", "Port it"]),
     (["environment.type=openenv", "environment.id=tests.environments.games.GuessEnviroment"],
      ["Did you mean 'GuessEnvironment'?"]),
     (["environment.type=openenv", "environment.id=http://127.0.0.1:9"], ["no OpenEnv server answers"]),
