@@ -136,6 +136,16 @@ def test_subsystems_keep_to_their_side(name):
     assert not bad, f"{name} imports {bad}; {_subsystem(name)} never imports {', '.join(forbidden)}"
 
 
+def test_environments_keep_to_the_agents_and_the_reward_service():
+    """The environments run on what every agent and reward function runs on (the agent session, the reward
+    service, the rows): never on an engine, a server or another workflow of their own."""
+    forbidden = ("rollout.engines", "rollout.servers", "rollout.workflows", "tracking")
+    for name, path in MODULES.items():
+        if unit(name) == "environments":
+            bad = sorted(t for t in imports(name, path) if any(t == f or t.startswith(f + ".") for f in forbidden))
+            assert not bad, f"{name} imports {bad}"
+
+
 def test_the_subsystems_are_packages():
     for sub in SUBSYSTEMS:
         if sub.count("."):

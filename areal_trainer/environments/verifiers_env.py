@@ -45,6 +45,10 @@ class VerifiersEnvironment:
                                            f"{known}") from e
         self.config_type = concrete_type(cls, TasksetConfig, origin=Taskset) or TasksetConfig
         self.cls, self.task_cls = cls, cls.task_type()
+        if getattr(self.task_cls, "NEEDS_CONTAINER", False):
+            raise EnvironmentFailure("id", f"its tasks ({self.task_cls.__name__}) need a container (NEEDS_CONTAINER), "
+                                           "which verifiers provisions through a sandbox runtime; episodes here run "
+                                           "in this process, offline. Use a taskset whose tasks run without one")
         self.configs = {}
         for split, value in (("train", settings.split), ("eval", settings.eval_split)):
             fields = {"id": settings.id, **dict(settings.kwargs)}

@@ -121,3 +121,13 @@ def test_the_rows_of_each_split_are_disjoint_and_the_same_every_time():
     games = load("grpo", [*GYM, "environment.size=3", "environment.eval_size=2", "environment.seed=7"]).environment
     assert [r.columns["env_seed"] for r in games.rows("train")] == [7, 8, 9]
     assert [r.columns["env_seed"] for r in games.rows("eval")] == [10, 11]  # seed + size: never a training seed
+
+
+def test_the_sections_own_rules():
+    from areal_trainer.config.environment import EnvironmentConfig
+
+    assert EnvironmentConfig().check("environment") == []
+    found = EnvironmentConfig(type="gym", id="", size=0, answer_pattern="(").check("environment")
+    assert [p.split(":")[0] for p in found] == ["environment.id", "environment.size", "environment.answer_pattern"]
+    assert EnvironmentConfig(type="verifier", id="x").check("environment")[0].endswith("Did you mean 'verifiers'?")
+    assert EnvironmentConfig(kwargs={"a": 1}).check("environment")[0].startswith("environment.kwargs: set while")
