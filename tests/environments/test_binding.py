@@ -3,6 +3,7 @@ is installed, kwargs that do not fit, a missing package named with its extra, th
 and what it changes in the defaults (the reward, the answer budget, the verifier)."""
 
 import importlib.util
+import os
 
 import pytest
 
@@ -131,3 +132,30 @@ def test_the_sections_own_rules():
     assert [p.split(":")[0] for p in found] == ["environment.id", "environment.size", "environment.answer_pattern"]
     assert EnvironmentConfig(type="verifier", id="x").check("environment")[0].endswith("Did you mean 'verifiers'?")
     assert EnvironmentConfig(kwargs={"a": 1}).check("environment")[0].startswith("environment.kwargs: set while")
+
+
+EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples", "environments")
+
+
+@pytest.mark.parametrize("name,kind,multi_turn", [("chain_sum_smollm2", "reasoning_gym", False),
+                                                  ("calc_taskset", "verifiers", True),
+                                                  ("guess_game", "gym", True)])
+def test_the_examples_configs_build(name, kind, multi_turn):
+    import warnings
+
+    from hydra import compose, initialize_config_dir
+
+    from areal_trainer.components import build
+    from areal_trainer.config.loader import convert
+    from areal_trainer.config.store import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=os.path.abspath(EXAMPLES), version_base="1.3"):
+        cfg = compose(config_name=name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the examples trip no configuration warning
+        c = build(convert(cfg))
+    assert c.environment.settings.type == kind and c.environment.multi_turn is multi_turn
+    assert c.config.reward.fn == "environment"
+    held_out, train = c.environment.rows("eval"), c.environment.rows("train")
+    assert len(held_out) in (128, 500) and len(train) in (1000, 2000)
