@@ -137,9 +137,12 @@ class KindPolicy:
 
     def stop(self, source: str, *, failed: int, total: int, ways: str, example: str, change: str) -> UserError:
         """The one wording of the stop rule, as the error to raise: ``<subject> <source>: <failed> of <total>
-        <units> of one <batch> failed (more than <key>=<x>): <ways>. Example: <example>. <change>``."""
+        <units> of one <batch> failed (more than <key>=<x>; with no share: every one of them): <ways>. Example:
+        <example>. <change>``."""
+        why = ("every one of them" if self.max_error_fraction is None
+               else f"more than {self.fraction_key}={self.max_error_fraction:g}")
         return UserError(f"{self.subject} {source}: {failed} of {total} {self.units} of one {self.batch} failed "
-                         f"(more than {self.fraction_key}={self.max_error_fraction:g}): {ways}. Example:"
+                         f"({why}): {ways}. Example:"
                          f"{_gap(example)}{example}{_gap(example, '. ')}{change}")
 
     def check(self, source: str, *, failed: int, total: int, ways: str, example: str, change: str) -> None:

@@ -1,6 +1,7 @@
 """Which metric keys docs/metrics.md documents: every backticked key of its text, with ``{a,b}`` read as
 alternatives and ``<name>`` as any one path segment (``reward/<source>``, ``staleness/frac_<k>``); the
-held-out evaluation's ``eval/<key>`` for the training keys it repeats (``eval/reward/...``, ``eval/agent/...``).
+held-out evaluation's ``eval/<key>`` for the training keys it repeats (``eval/reward/...``, ``eval/agent/...``,
+``eval/env/...``).
 ``undocumented(keys)`` is what a test asserts to be empty for every key a run logs."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import os
 import re
 
 DOC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "metrics.md")
-REPEATED_AT_EVAL = ("reward/", "agent/", "distill/")
+REPEATED_AT_EVAL = ("reward/", "agent/", "distill/", "env/")
 """Namespaces whose keys the held-out evaluation logs again under ``eval/`` (docs/metrics.md says so)."""
 BOOKKEEPING = {"step"}
 """Keys of a record that are not metrics."""

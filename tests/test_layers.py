@@ -4,7 +4,8 @@ Layers, bottom to top (docs/architecture.md): small utilities (``errors``, ``dty
 ``faults``, then ``plugins`` and ``failures``); the pure maths (``loss``, which imports nothing of the package but
 ``errors``, then ``advantage``, which imports only the loss and ``errors``); ``config``; the parallelism
 helpers (``fsdp``, then ``dist``); ``model``; the peers ``data``, ``reward``, ``rollout``, ``tracking``,
-which do not import each other; ``components``, which binds a configuration to everything below;
+which do not import each other; ``environments`` (the hubs' environments as rows, a reward source and agents,
+over the peers); ``components``, which binds a configuration to everything below;
 ``train``, the only orchestrator; ``launch``; the entry point. A module may import from its own unit and
 from units below it. Imports inside functions count too (a lazy import is still a dependency). Inside
 ``rollout`` and ``train`` the subsystems (engines, workflows, agents) keep to their side too
@@ -23,8 +24,8 @@ import pytest
 
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "areal_trainer")
 LAYERS = [("errors", "dtypes", "metrics", "faults", "moved"), ("plugins", "failures"), ("loss",), ("advantage",),
-          ("config",), ("fsdp",), ("dist",), ("model",), ("data", "reward", "rollout", "tracking"), ("components",),
-          ("train",), ("launch",), ("__main__", "__init__")]
+          ("config",), ("fsdp",), ("dist",), ("model",), ("data", "reward", "rollout", "tracking"),
+          ("environments",), ("components",), ("train",), ("launch",), ("__main__", "__init__")]
 HANDED_CONFIG = {u for units in LAYERS[:LAYERS.index(("components",))] for u in units} - {"config"}
 """The units below ``components``: they never import ``config``."""
 RANK = {unit: i for i, units in enumerate(LAYERS) for unit in units}
@@ -132,6 +133,16 @@ def test_subsystems_keep_to_their_side(name):
     forbidden = SUBSYSTEMS.get(_subsystem(name), ())
     bad = sorted(t for t in imports(name, MODULES[name]) if any(t == f or t.startswith(f + ".") for f in forbidden))
     assert not bad, f"{name} imports {bad}; {_subsystem(name)} never imports {', '.join(forbidden)}"
+
+
+def test_environments_keep_to_the_agents_and_the_reward_service():
+    """The environments run on what every agent and reward function runs on (the agent session, the reward
+    service, the rows): never on an engine, a server or another workflow of their own."""
+    forbidden = ("rollout.engines", "rollout.servers", "rollout.workflows", "tracking")
+    for name, path in MODULES.items():
+        if unit(name) == "environments":
+            bad = sorted(t for t in imports(name, path) if any(t == f or t.startswith(f + ".") for f in forbidden))
+            assert not bad, f"{name} imports {bad}"
 
 
 def test_the_subsystems_are_packages():

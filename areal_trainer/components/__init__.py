@@ -10,10 +10,11 @@ the fix. Validation *is* this building; the trainer receives what was built and 
 
 The checks come in two parts. The light part imports neither torch nor transformers: the schema's rules
 (``config/validate.py``), the reward, the verifier, the rollout's engine, agent, and the user's workflow and
-filter, the teacher's rules. The rest needs the modules it checks against, which import torch: the
-advantage stages and the policy loss (their registries and rules live with the maths), rejection
-sampling's rules, a reward model's files (``reward/model.py``), and this package's own workflows and
-filters. ``build`` runs both in one round; the command line runs the light part before Hydra starts
+filter, the teacher's rules, whether an environment's package is installed. The rest needs the modules it
+checks against, which import torch: the advantage stages and the policy loss (their registries and rules
+live with the maths), rejection sampling's rules, a reward model's files (``reward/model.py``), this
+package's own workflows and filters, and an environment's id and kwargs (its package is imported).
+``build`` runs both in one round; the command line runs the light part before Hydra starts
 (:func:`early_problems`), and the whole only when that found nothing.
 """
 
@@ -35,6 +36,7 @@ from ..config.schema import TrainerConfig
 from ..config.validate import collect
 from ..plugins import PluginError
 from .distill import DistillSpec, bind_distill, wrap_loss
+from .environment import EnvironmentSpec, bind_environment
 from .reward import RewardSpec, bind_reward
 from .rollout import RolloutParts, bind_rollout
 from .verifier import VerifierSpec, bind_verifier
@@ -78,6 +80,8 @@ class Components:
     then already holds the distillation term."""
     verifier: VerifierSpec | None = None
     """Where the held-out accuracy comes from, or what the held-out number is without one (``evaluator.verifier``)."""
+    environment: EnvironmentSpec | None = None
+    """The environment whose rows, scoring and episodes are the task (``environment.type``), or None."""
 
 
 def _bind(fn: Callable, *args, problems: list[str]):
@@ -92,9 +96,12 @@ def problems_and_build(cfg: TrainerConfig, *, light: bool = False) -> tuple[list
     """Every problem and warning of ``cfg``, and its components when there is no problem. ``light``: only
     the checks that import neither torch nor transformers (see the module docstring), and no components."""
     problems, warns = collect(cfg, light=light)
-    reward = bind_reward(cfg.reward, problems, light=light, agent_timeout=cfg.rollout.agent_timeout)
-    verifier = bind_verifier(cfg, reward, problems)
-    rollout = bind_rollout(cfg, problems, light=light, warns=warns, failures=reward.failures if reward else None)
+    environment = bind_environment(cfg, problems, light=light)
+    reward = bind_reward(cfg.reward, problems, light=light, agent_timeout=cfg.rollout.agent_timeout,
+                         environment=environment)
+    verifier = bind_verifier(cfg, reward, problems, environment)
+    rollout = bind_rollout(cfg, problems, light=light, warns=warns, failures=reward.failures if reward else None,
+                           environment=environment)
     if not light:
         from .advantage import bind_advantage
         from .loss import bind_policy_loss, policy_plan
@@ -106,7 +113,7 @@ def problems_and_build(cfg: TrainerConfig, *, light: bool = False) -> tuple[list
         return problems, warns, None
     valid = cfg.valid_dataset.inheriting(cfg.train_dataset) if cfg.valid_dataset is not None else None
     return [], warns, Components(cfg, advantage, wrap_loss(loss, distill, cfg.actor), policy_plan(cfg.actor), reward,
-                                 rollout, valid, tuple(warns), distill, verifier)
+                                 rollout, valid, tuple(warns), distill, verifier, environment)
 
 
 def build(cfg: TrainerConfig) -> Components:

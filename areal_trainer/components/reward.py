@@ -4,8 +4,9 @@ functions, the code box, agents' tools and agent episodes), which the reward ser
 its tools all receive. Nothing starts here (no worker process, no model): :meth:`RewardSpec.start` does
 that when the run begins, and the run closes what it started.
 
-The sources, in the order ``reward.weights`` follows: the functions of ``reward.fn`` (in list order),
-then the reward model (``reward.model.path``), then the remote service (``reward.url``).
+The sources, in the order ``reward.weights`` follows: the environment's own scoring (``environment`` in
+``reward.fn``, first; a single-turn environment, ``components/environment.py``), the functions of ``reward.fn``
+(in list order), then the reward model (``reward.model.path``), then the remote service (``reward.url``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..environments.reward import NAME, EnvironmentReward
 from ..errors import is_number
 from ..failures import CODE_TIMEOUT, FailurePolicy
 from ..plugins import PluginError
@@ -36,6 +38,10 @@ class RewardSpec:
     """``ModelReward``'s arguments (``path``, ``dtype``, ``micro_batch_size``), or None without a reward model."""
     remote: dict[str, Any] | None = None
     """``RemoteReward``'s arguments (``url``, ``timeout``, ``retries``, ...), or None without a scoring service."""
+    environment: Any = None
+    """The adapter of a single-turn environment whose own scoring is the first source (``reward.fn`` names
+    ``environment``), or None."""
+    environment_label: str = ""
 
     def column_problems(self, columns: Mapping[str, Collection[str]]) -> list[str]:
         """Every function's required parameters that no column of a dataset provides: ``columns`` maps each
@@ -46,8 +52,8 @@ class RewardSpec:
 
     @property
     def names(self) -> list[str]:
-        return [f.name for f in self.functions] + (["reward_model"] if self.model else []) + (
-            ["remote"] if self.remote else [])
+        return ([NAME] if self.environment is not None else []) + [f.name for f in self.functions] + (
+            ["reward_model"] if self.model else []) + (["remote"] if self.remote else [])
 
     def start(self, *, device):
         """The running reward service: worker pools, the reward model on ``device``, the service's client."""
@@ -55,8 +61,10 @@ class RewardSpec:
         from ..reward.remote import RemoteReward
         from ..reward.service import FunctionReward, RewardService
 
-        sources: list = [FunctionReward(fn, workers=self.workers, timeout=self.failures.reward.timeout)
-                         for fn in self.functions]
+        sources: list = ([EnvironmentReward(self.environment, timeout=self.failures.reward.timeout)]
+                         if self.environment else [])
+        sources += [FunctionReward(fn, workers=self.workers, timeout=self.failures.reward.timeout)
+                    for fn in self.functions]
         if self.model:
             sources.append(ModelSource(ModelReward(device=device, **self.model)))
         if self.remote:
@@ -75,18 +83,22 @@ def bind_failures(r, functions: list[RewardFunction], agent_timeout: float | Non
                             agent_timeout=agent_timeout)
 
 
-def bind_reward(r, problems: list[str], *, light: bool = False, agent_timeout: float | None = None
-                ) -> RewardSpec | None:
+def bind_reward(r, problems: list[str], *, light: bool = False, agent_timeout: float | None = None,
+                environment=None) -> RewardSpec | None:
     """The reward ``r`` (the ``reward`` section) describes; every problem is appended to ``problems``. A section
     whose values break its rules (``config/reward.py``, reported by the config's own check) is not bound.
     ``light``: without the check of ``reward.model.path``'s files, whose module (``reward/model.py``) imports
-    torch and transformers. ``agent_timeout``: ``rollout.agent_timeout``, for the failure policy."""
+    torch and transformers. ``agent_timeout``: ``rollout.agent_timeout``, for the failure policy.
+    ``environment``: the bound environment (``EnvironmentSpec``), whose scoring the name ``environment`` in
+    ``reward.fn`` stands for (checked by ``components/environment.py``)."""
     if r.check("reward"):
         return None
     n = len(problems)
     paths = r.paths()
     functions = []
     for i, path in enumerate(paths):
+        if path == NAME:
+            continue
         key = "reward.fn" if isinstance(r.fn, str) else f"reward.fn[{i}]"
         try:
             functions.append(RewardFunction.bind(path, kwargs=r.kwargs_of(path), key=key, style=r.style))
@@ -108,5 +120,10 @@ def bind_reward(r, problems: list[str], *, light: bool = False, agent_timeout: f
         if r.model.path else None
     remote = dict(url=r.url, timeout=r.url_timeout, retries=r.url_retries, max_concurrent=r.url_max_concurrent,
                   batch_size=r.url_batch_size) if r.url else None
+    # A multi-turn environment's episodes are scored by its agent (``environments/agent.py``), never by this
+    # source; it is bound all the same, so that the service the run starts has its one source.
+    env = environment if NAME in paths and environment is not None else None
     return RewardSpec(tuple(functions), None if r.weights is None else tuple(float(w) for w in r.weights),
-                      workers=r.workers, failures=failures, model=model, remote=remote)
+                      workers=r.workers, failures=failures, model=model, remote=remote,
+                      environment=None if env is None else env.adapter,
+                      environment_label="" if environment is None else environment.label)

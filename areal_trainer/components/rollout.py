@@ -1,5 +1,6 @@
 """Binding ``rollout.*`` once: the engine from the registry (with the rules its capabilities imply), the
-workflow class (or the agent, run by the agent workflow), and the dynamic filter.
+workflow class (or the agent, run by the agent workflow; or a multi-turn environment's episodes, run by the
+environment's agent workflow, ``environments/workflow.py``), and the dynamic filter.
 
 ``rollout.turn_discount`` is the one discount key: the agent workflow's per-call discount (null: 1), and
 handed to a workflow class that takes ``turn_discount`` (``MultiTurnWorkflow``; null: the class's own
@@ -39,17 +40,20 @@ class RolloutParts:
 
 
 def bind_rollout(cfg, problems: list[str], *, light: bool = False, warns: list[str] | None = None,
-                 failures: FailurePolicy | None = None) -> RolloutParts | None:
+                 failures: FailurePolicy | None = None, environment=None) -> RolloutParts | None:
     """The rollout's parts; every problem is appended to ``problems`` (None when there were any, and with
     ``light``), every warning to ``warns``. ``light``: without resolving the workflow or filter when it is one
     of this package's own, whose modules import torch (a user's path is resolved: its imports are the user's).
     ``failures``: the run's failure policy (``components/reward.py::bind_failures``), which the agent workflow
-    and its tools follow (None: the defaults, with ``rollout.agent_timeout``)."""
+    and its tools follow (None: the defaults, with ``rollout.agent_timeout``). ``environment``: the bound
+    environment (``components/environment.py``), whose episodes a multi-turn one runs as agents."""
     r = cfg.rollout
     n = len(problems)
     engine = _engine(cfg, problems, light)
-    if r.agent is not None:
-        failures = failures if failures is not None else FailurePolicy.of(agent_timeout=r.agent_timeout)
+    failures = failures if failures is not None else FailurePolicy.of(agent_timeout=r.agent_timeout)
+    if environment is not None and environment.multi_turn:
+        workflow, workflow_kwargs = _environment(cfg, environment, problems, light, failures)
+    elif r.agent is not None:
         workflow, workflow_kwargs = _agent(cfg, problems, light, failures)
     elif light and _own(r.workflow):
         workflow, workflow_kwargs = None, {}
@@ -114,13 +118,33 @@ def _agent(cfg, problems: list[str], light: bool, failures: FailurePolicy) -> tu
         return None, {}
     from ..rollout.agents.workflow import AgentWorkflow
 
-    return AgentWorkflow, dict(agent=spec, failures=failures, export=r.agent_export,
-                               chat_template_type=r.chat_template_type, turn_discount=_agent_discount(r),
-                               tool_call_parser=r.tool_call_parser,
-                               batching=r.agent_batching, batch_wait=r.agent_batch_wait,
-                               max_calls=r.agent_max_calls, max_choices=r.agent_max_choices,
-                               max_concurrent=None if r.max_concurrent_rollouts is None
-                               else r.max_concurrent_rollouts * cfg.gconfig.n_samples)
+    return AgentWorkflow, dict(agent=spec, **agent_settings(cfg, failures))
+
+
+def agent_settings(cfg, failures: FailurePolicy) -> dict[str, Any]:
+    """The agent workflow's settings from ``rollout.*`` and the run's failure policy, but the agent
+    (``rollout/agents/workflow.py``)."""
+    r = cfg.rollout
+    return dict(failures=failures, export=r.agent_export, chat_template_type=r.chat_template_type,
+                turn_discount=_agent_discount(r), tool_call_parser=r.tool_call_parser,
+                batching=r.agent_batching, batch_wait=r.agent_batch_wait,
+                max_calls=r.agent_max_calls, max_choices=r.agent_max_choices,
+                max_concurrent=None if r.max_concurrent_rollouts is None
+                else r.max_concurrent_rollouts * cfg.gconfig.n_samples)
+
+
+def _environment(cfg, environment, problems: list[str], light: bool,
+                 failures: FailurePolicy) -> tuple[type | None, dict[str, Any]]:
+    """A multi-turn environment's episodes as the environment's agent workflow, with the agent's settings."""
+    try:
+        get_parser(cfg.rollout.tool_call_parser)
+    except ValueError as e:
+        problems.append(str(e))
+    if light:
+        return None, {}
+    from ..environments.workflow import EnvironmentWorkflow
+
+    return EnvironmentWorkflow, dict(environment=environment.adapter, **agent_settings(cfg, failures))
 
 
 def _workflow(path: str, kwargs: dict, problems: list[str]) -> type | None:

@@ -9,7 +9,10 @@ A verifier is a reward source whose value says right or wrong. In order:
 * null (auto): the one built-in verifier among ``reward.fn`` (it declares its verdict); else the only
   reward source, when it is a function and every value it gives on the held-out set is 0 or 1; an agent
   run's episode reward likewise (before ``rollout.turn_discount``);
-* a reward model, a scoring service, or a weighted mix with no verifier among its sources: none.
+* a reward model, a scoring service, or a weighted mix with no verifier among its sources: none;
+* an environment (``environment.type``): a single-turn one's own scoring (the source ``environment``), by the
+  verdict its adapter declares (reasoning-gym: a score of 1) or, without one, when every held-out value is 0
+  or 1; a multi-turn one's episode rewards, as an agent run's.
 
 With several sources the accuracy reads the verifier's own values (``TrajectoryGroup.source_values``),
 never the weighted sum. Nothing here looks at data: the 0-or-1 rule is applied by the evaluation
@@ -26,6 +29,8 @@ from .reward import RewardSpec
 
 NONE = "none"
 """``evaluator.verifier=none``: the run reports no held-out accuracy."""
+ENVIRONMENT = "environment"
+"""``evaluator.verifier=environment``: the environment's own scoring (the default with one)."""
 
 
 @dataclass(frozen=True)
@@ -58,12 +63,21 @@ class VerifierSpec:
         return self.source is not None or self.episodes
 
 
-def bind_verifier(cfg, reward: RewardSpec | None, problems: list[str]) -> VerifierSpec | None:
-    """The verifier of ``cfg`` (a ``TrainerConfig``) with its bound ``reward``; problems are appended."""
+def bind_verifier(cfg, reward: RewardSpec | None, problems: list[str], environment=None) -> VerifierSpec | None:
+    """The verifier of ``cfg`` (a ``TrainerConfig``) with its bound ``reward`` (and ``environment``, the bound
+    ``EnvironmentSpec`` or None); problems are appended."""
     if reward is None:
         return None
     wanted = cfg.evaluator.verifier
     what = _what(reward)
+    if environment is not None and environment.multi_turn:
+        note = (f"no verifier: the held-out episode rewards of {environment.label} were not all 0 or 1 (before "
+                "rollout.turn_discount)" if wanted is None else f"no accuracy: evaluator.verifier={NONE}")
+        if wanted not in (None, NONE, ENVIRONMENT):
+            problems.append(f"evaluator.verifier: got {wanted!r}; the episodes of {environment.label} are scored by "
+                            f"the environment, so there is nothing else to name: leave it null or set {NONE}.")
+            return None
+        return VerifierSpec(None, f"{environment.label} episodes", note, episodes=wanted != NONE, binary_only=True)
     if cfg.rollout.agent is not None:
         if wanted not in (None, NONE):
             problems.append(f"evaluator.verifier: got {wanted!r}; an agent run (rollout.agent) is scored by the "
@@ -77,8 +91,14 @@ def bind_verifier(cfg, reward: RewardSpec | None, problems: list[str]) -> Verifi
         return VerifierSpec(None, what, f"no accuracy: evaluator.verifier={NONE}")
     names = unique_names(reward.names)
     single = len(names) == 1 and reward.weights in (None, (1.0,))
+    env = reward.environment
+    if env is not None and wanted in (None, ENVIRONMENT):  # the environment's own scoring is the task's verdict
+        if env.verdict is not None:
+            return VerifierSpec(names[0], what, _unknown(names[0]), env.verdict, rewards_are_values=single)
+        return VerifierSpec(names[0], what, f"no verifier: {env.label} gave held-out scores other than 0 and 1 "
+                            "(its mean is reported)", binary_only=True, rewards_are_values=single)
     if wanted is not None:
-        return _named(wanted, reward, names, single, what, problems)
+        return _named(wanted, reward, names[1:] if env is not None else names, single, what, problems)
     declared = [(i, f) for i, f in enumerate(reward.functions) if verdict_of(f.fn)]
     if len(declared) > 1:
         if cfg.valid_dataset is not None:
@@ -120,7 +140,8 @@ def _named(wanted: str, reward: RewardSpec, names: list[str], single: bool, what
 
 def _what(reward: RewardSpec) -> str:
     """What the reward is, as the final line names it: a source's name, or the mix of them."""
-    parts = [f.name for f in reward.functions] + (["reward model"] if reward.model else []) + (
+    parts = ([reward.environment_label] if reward.environment is not None else []) + [
+        f.name for f in reward.functions] + (["reward model"] if reward.model else []) + (
         ["scoring service"] if reward.remote else [])
     return parts[0] if len(parts) == 1 else "weighted sum of " + ", ".join(parts)
 

@@ -58,6 +58,9 @@ SAFE: dict[str, str] = {
     "teacher.mb_spec": "how the teacher's forward is cut into micro-batches for memory",
     "teacher.device": "where the same teacher runs",
     "teacher.shard": "how the same teacher is laid out over the FSDP2 processes",
+    "environment.eval_split": "the held-out evaluation, which does not train",
+    "environment.eval_size": "the held-out evaluation, which does not train",
+    "environment.eval_seed": "the held-out evaluation, which does not train",
 }
 """Keys a resume may change: the new value is used from the resumed step on."""
 
@@ -73,6 +76,7 @@ REFUSED: dict[str, str] = {
     "train_dataset": "the training data and its order, or the batch size",
     "tokenizer_path": "the tokenizer",
     "reward": "the reward",
+    "environment": "the environment: its tasks, their order, its episodes and its scoring",
     "rollout": "how answers are generated and which are trained on",
     "dynamic_bs": "the batches trained on",
     "parallel": "how the model is split across processes",

@@ -13,6 +13,7 @@ from .actor import PPOActorConfig, PPOCriticConfig
 from .base import Checked, at_least_one
 from .bookkeeping import EvaluatorConfig, RecoverConfig, SaverConfig, SFTWarmupConfig, StatsLoggerConfig
 from .data import DatasetConfig
+from .environment import EnvironmentConfig
 from .launch import ClusterConfig, ParallelConfig, SchedulerConfig
 from .reward import RewardConfig
 from .rollout import RolloutConfig
@@ -69,6 +70,8 @@ class TrainerConfig(Checked):
     (null: no teacher). See docs/distillation.md."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    environment: EnvironmentConfig = field(default_factory=EnvironmentConfig)
+    """An environment from a hub as the task: its rows, tools, turns and scoring (docs/environments.md)."""
     sft_warmup: SFTWarmupConfig = field(default_factory=SFTWarmupConfig)
     saver: SaverConfig = field(default_factory=SaverConfig)
     evaluator: EvaluatorConfig = field(default_factory=EvaluatorConfig)

@@ -27,8 +27,11 @@ def register_configs() -> None:
     ConfigStore.instance().store(name="base_config", node=TrainerConfig)
     # ``${eighth:${gconfig.max_new_tokens}}``: DAPO's overlong zone is the last eighth of the budget.
     OmegaConf.register_new_resolver("eighth", lambda n: max(1, int(n) // 8), replace=True)
-    # ``${answer_tokens:${rollout.agent}}``: the default answer budget, room for a tool call in agent runs.
+    # ``${answer_tokens:${rollout.agent},${environment.type}}``: the default answer budget, room for a tool call
+    # in agent and environment runs.
     OmegaConf.register_new_resolver("answer_tokens", answer_tokens, replace=True)
+    # ``${default_reward:${environment.type}}``: reward.fn's default, the environment's own scoring with one.
+    OmegaConf.register_new_resolver("default_reward", default_reward, replace=True)
     ConfigLoaderImpl._apply_overrides_to_config = staticmethod(_apply_overrides_filling_null_sections)
     _DONE[0] = True
 
@@ -40,9 +43,18 @@ AGENT_NEW_TOKENS = 256
 takes 30 to 100 tokens, which 16 would cut."""
 
 
-def answer_tokens(agent) -> int:
-    """The default answer budget for a run whose ``rollout.agent`` is ``agent``."""
-    return WORKFLOW_NEW_TOKENS if agent is None else AGENT_NEW_TOKENS
+def answer_tokens(agent, environment=None) -> int:
+    """The default answer budget for a run whose ``rollout.agent`` is ``agent`` and ``environment.type``
+    ``environment``."""
+    return WORKFLOW_NEW_TOKENS if agent is None and environment is None else AGENT_NEW_TOKENS
+
+
+DEFAULT_REWARD = "areal_trainer.reward.math.gsm8k_reward_fn"
+
+
+def default_reward(environment) -> str:
+    """``reward.fn``'s default: the built-in task's check, or ``environment`` (the environment's own scoring)."""
+    return DEFAULT_REWARD if environment is None else "environment"
 
 
 def _null_section_class(node):

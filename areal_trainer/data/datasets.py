@@ -180,12 +180,14 @@ def demonstration(sample: dict) -> str:
     return sample["fields"].get("demonstration", sample["answer"])
 
 
-def build_samples(cfg: Any, tokenizer, key: str, limit: RowLimit | None = None) -> list[dict]:
+def build_samples(cfg: Any, tokenizer, key: str, limit: RowLimit | None = None,
+                  rows: list[Row] | None = None) -> list[dict]:
     """Rows as samples; prompts longer than ``cfg.max_length`` tokens (the user message of a text prompt,
     the rendered conversation of a chat prompt) are dropped, and so are those with no room for an answer
-    within ``limit`` (or they are an error: ``cfg.overlong_prompts``)."""
+    within ``limit`` (or they are an error: ``cfg.overlong_prompts``). ``rows``: given rows (an environment's,
+    ``environment.type``) instead of those ``cfg.path`` names."""
     check_system_role(cfg, tokenizer, key)
-    rows = load_rows(cfg, key)
+    rows = load_rows(cfg, key) if rows is None else rows
     if not rows:
         raise UserError(f"{key}: {cfg.path!r} holds no rows.")
     prompt_col, answer_col = columns_of(cfg, rows, key)

@@ -25,6 +25,7 @@ Besides the counters, ``reward/<name>`` is each source's mean over the samples i
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -52,11 +53,14 @@ _HOW = {"error": "raised", "died": "killed their worker process", "nonfinite": "
 
 
 class SourceResult(NamedTuple):
-    """One source's scores for a batch: per sample a value (a float when ``ok``), a status, a detail."""
+    """One source's scores for a batch: per sample a value (a float when ``ok``), a status, a detail; and,
+    optionally, named parts of the value (an environment's reward functions), each per sample (None where
+    none), logged under their own metric names as means."""
 
     values: list[float | None]
     status: list[str]
     details: list[str]
+    parts: dict[str, list[float | None]] | None = None
 
     @classmethod
     def from_values(cls, values: Sequence[Any], label: str) -> SourceResult:
@@ -152,20 +156,17 @@ class RewardScores:
     none: list[int]
     all_none: list[int]
     values: dict[str, list[float | None]] = field(default_factory=dict)
+    parts: dict[str, list[float | None]] = field(default_factory=dict)
+    """Named parts of the sources' values by metric name (``env/<name>``), per sample (None where none)."""
 
     @classmethod
     def empty(cls, n: int, names: Sequence[str]) -> RewardScores:
         return cls([0.0] * n, *([0] * n for _ in COUNTERS), values={name: [None] * n for name in names})
 
     def stats(self, lo: int = 0, hi: int | None = None) -> dict[str, float]:
-        """Counters summed over samples ``lo:hi`` (``reward/errors``...), and ``reward/<name>``, each
+        """Counters summed over samples ``lo:hi`` (``reward/errors``...), ``reward/<name>``, each
         source's mean over those of them it gave a number for (absent when none)."""
-        out = {f"reward/{c}": float(sum(getattr(self, c)[lo:hi])) for c in COUNTERS}
-        for name, values in self.values.items():
-            numbers_ = [v for v in values[lo:hi] if v is not None]
-            if numbers_:
-                out[f"reward/{name}"] = sum(numbers_) / len(numbers_)
-        return out
+        return {k: float(v.value) for k, v in self.typed(lo, hi).items()}
 
     def metrics(self) -> dict[str, float]:
         """:meth:`stats` of the whole batch."""
@@ -175,10 +176,11 @@ class RewardScores:
         """:meth:`stats` of samples ``lo:hi`` as metrics that combine over groups and processes: the counters
         add up, each source's mean is weighted by the samples it gave a number for."""
         out: dict[str, Metric] = {f"reward/{c}": Sum(float(sum(getattr(self, c)[lo:hi]))) for c in COUNTERS}
-        for name, values in self.values.items():
+        named = {**{f"reward/{name}": values for name, values in self.values.items()}, **self.parts}
+        for key, values in named.items():
             numbers_ = [v for v in values[lo:hi] if v is not None]
             if numbers_:
-                out[f"reward/{name}"] = Mean(sum(numbers_) / len(numbers_), len(numbers_))
+                out[key] = Mean(sum(numbers_) / len(numbers_), len(numbers_))
         return out
 
 
@@ -265,14 +267,23 @@ class RewardService:
             raise ValueError(f"reward source {label} reported the unknown status(es) {sorted(unknown)}")
         return result
 
+    def _policy(self, source):
+        """The reward kind of the policy for ``source``: a source whose own ``max_error_fraction`` is None (an
+        environment's scoring) stops the run only when it failed on every sample of a batch."""
+        policy = self.failures.reward
+        if hasattr(source, "max_error_fraction") and source.max_error_fraction is None:
+            return dataclasses.replace(policy, max_error_fraction=None)
+        return policy
+
     def _check_failures(self, source, result: SourceResult, samples: list[RewardSample]) -> None:
         """The policy's stop rules: too many failures in one batch, or no reward for any sample of it."""
-        policy, label = self.failures.reward, getattr(source, "label", source.name)
+        policy, label = self._policy(source), getattr(source, "label", source.name)
         failed = [i for i, st in enumerate(result.status) if st in _FAILURES]
         policy.check_some_result(label, total=len(samples), timeouts=result.status.count("timeout"),
                                  failed=len(failed), change=f"make the function faster, raise {policy.timeout_key}, "
                                                             "or give it more reward.workers.")
-        if not policy.too_many(len(failed), len(samples)):
+        own = policy.max_error_fraction is None
+        if not (len(failed) == len(samples) > 0 if own else policy.too_many(len(failed), len(samples))):
             return
         counts = {st: result.status.count(st) for st in _FAILURES}
         i = failed[0]
@@ -283,8 +294,9 @@ class RewardService:
                  f"returned NaN or infinity{beyond}",
             example=f"completion={_excerpt(samples[i].completion)!r}, answer={_excerpt(samples[i].answer, 100)!r} -> "
                     f"{result.details[i]}",
-            change=f"Fix the function (reward.workers=0 runs it in the trainer, for a debugger), or raise "
-                   f"{policy.fraction_key}.")
+            change="Fix the source (or its environment.kwargs): a batch that no sample of scored cannot teach."
+            if own else f"Fix the function (reward.workers=0 runs it in the trainer, for a debugger), or raise "
+                        f"{policy.fraction_key}.")
 
     def _name_failures(self, source, result: SourceResult, samples: list[RewardSample]) -> None:
         """Name each source's first failure of each kind once (then it is only counted)."""
@@ -292,12 +304,14 @@ class RewardService:
         for status, how in _HOW.items():
             if status in result.status:
                 i = result.status.index(status)
-                self._notices.name(self.failures.reward, label, count=result.status.count(status), total=len(samples),
+                self._notices.name(self._policy(source), label, count=result.status.count(status), total=len(samples),
                                    how=how, counter=_COUNTER_OF[status],
                                    example=f"completion={_excerpt(samples[i].completion, 80)!r} -> {result.details[i]}")
 
     def _add(self, scores: RewardScores, name: str, weight: float, result: SourceResult) -> None:
         scored = scores.values[name]
+        for key, values in (result.parts or {}).items():
+            scores.parts[key] = list(values)
         for i, (status, value) in enumerate(zip(result.status, result.values)):
             if status == "ok":
                 scores.rewards[i] += weight * value

@@ -74,12 +74,15 @@ class Trainer:
         self.tokenizer = load_tokenizer(cfg.tokenizer_path or cfg.actor.path,
                                         key="tokenizer_path" if cfg.tokenizer_path else "actor.path")
         positions = load_positions(cfg.actor.path, tokenizer=self.tokenizer)  # from the config: no weights yet
+        env = components.environment  # an environment gives the rows (environment.type)
         self.train_samples = build_samples(cfg.train_dataset, self.tokenizer, "train_dataset",
-                                           RowLimit.of(cfg.gconfig, "gconfig", positions))
+                                           RowLimit.of(cfg.gconfig, "gconfig", positions),
+                                           rows=None if env is None else env.rows("train"))
         check_fits_batch(self.train_samples, cfg.train_dataset, "train_dataset", self.dist.world_size)
         valid = components.valid_dataset
         self.valid_samples = None if valid is None else build_samples(
-            valid, self.tokenizer, "valid_dataset", RowLimit.of(cfg.eval_gconfig, "eval_gconfig", positions))
+            valid, self.tokenizer, "valid_dataset", RowLimit.of(cfg.eval_gconfig, "eval_gconfig", positions),
+            rows=None if env is None else env.rows("eval"))
         distill = components.distill
         if distill is not None:  # the teachers' vocabularies and routes, before any weights load
             check_teachers(distill, self.tokenizer,

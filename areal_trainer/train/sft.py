@@ -317,13 +317,15 @@ def warm_start(model, tokenizer, samples: list[dict], cfg, *, device: torch.devi
     sft, steps, samples = cfg.sft_warmup, plan.steps, plan.samples
     if steps <= 0:
         return {}
-    if has_tools(cfg.actor.path) and cfg.train_dataset.path == "builtin:arith":
+    env = cfg.environment.type is not None  # an environment's rows are its own: they bring their demonstrations
+    if has_tools(cfg.actor.path) and cfg.train_dataset.path == "builtin:arith" and not env:
         samples = with_tool_demonstrations(samples)
     key = None
     t0 = time.time()
     if sft.cache and is_builtin(cfg.actor.path):
-        key = warmstart_key({"actor": cfg.actor.path, "seed": cfg.seed, "steps": steps, "sft": sft,
-                             "data": cfg.train_dataset, "device": device.type, "dtype": cfg.actor.dtype})
+        what = {"actor": cfg.actor.path, "seed": cfg.seed, "steps": steps, "sft": sft, "data": cfg.train_dataset,
+                "device": device.type, "dtype": cfg.actor.dtype}
+        key = warmstart_key({**what, "environment": cfg.environment} if env else what)
         cached = load_cached(model, key)
         if cached is not None:
             return _reused(key, cached, time.time() - t0)

@@ -18,7 +18,7 @@ from areal_trainer.loss import SURROGATES
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 DECLARATIONS = {f"config/{m}.py" for m in ("schema", "sampling", "data", "actor", "parts", "rollout", "bookkeeping",
-                                           "launch", "compat", "keys", "base")}
+                                           "launch", "compat", "keys", "base", "environment")}
 """Where the schema is declared (a field's own declaration and checks are not a read by the trainer)."""
 
 
