@@ -39,7 +39,7 @@ class ImageRef:
     source: Any
     """An absolute file path, bytes, or a PIL image."""
     name: str
-    """The path as the row writes it, or ``images[1]`` for an image given inline."""
+    """The path as the row writes it, or ``images[1] of line 3 of 'train.jsonl'`` for an image given inline."""
     size: tuple[int, int]
     """``(width, height)`` as stored."""
 
@@ -95,11 +95,11 @@ def _ref(value: Any, label: str, row: Row, key: str, image_key: str) -> ImageRef
     from PIL import Image
 
     if isinstance(value, Image.Image):
-        return ImageRef(value, label, value.size)
+        return ImageRef(value, f"{label} of {row.where}", value.size)
     if isinstance(value, dict):  # datasets.Image in Parquet: {"bytes": ..., "path": ...}
         value = value.get("bytes") or value.get("path")
     if isinstance(value, bytes | bytearray):
-        return ImageRef(bytes(value), label, _size(io.BytesIO(value), label, row, key, image_key))
+        return ImageRef(bytes(value), f"{label} of {row.where}", _size(io.BytesIO(value), label, row, key, image_key))
     if not isinstance(value, str) or not value:
         raise UserError(f"{key}: {row.where}: {label} is a {type(value).__name__}, not an image: give a file path, "
                         "bytes, or a PIL image.")

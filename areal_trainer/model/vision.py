@@ -61,6 +61,13 @@ def has_images(inputs: Sequence[VisionInput | None] | None) -> bool:
     return bool(inputs) and any(v is not None and v.n_images for v in inputs)
 
 
+def image_names(vision: Sequence[VisionInput | None]) -> list[tuple[str, ...]]:
+    """Each row's image names (empty for a text row); an empty list when no row has images."""
+    if not has_images(vision):
+        return []
+    return [v.names if v is not None else () for v in vision]
+
+
 def is_vlm_config(config: Any) -> bool:
     """Whether a transformers config is an image-text-to-text model's (it has a vision tower)."""
     return getattr(config, "vision_config", None) is not None

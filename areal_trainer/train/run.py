@@ -94,6 +94,7 @@ class Trainer:
         positions = load_positions(cfg.actor.path, tokenizer=self.tokenizer)  # from the config: no weights yet
         self.processor = load_processor(cfg.actor.path, tokenizer=self.tokenizer)  # None for a text-only model
         vision = None if self.processor is None else VisionEncoder(self.processor, self.tokenizer)
+        self.image_token = None if vision is None else self.tokenizer.convert_ids_to_tokens(vision.image_token_id)
         self.train_samples = build_samples(cfg.train_dataset, self.tokenizer, "train_dataset",
                                            RowLimit.of(cfg.gconfig, "gconfig", positions), vision, cfg.actor.path)
         check_fits_batch(self.train_samples, cfg.train_dataset, "train_dataset", self.dist.world_size)
