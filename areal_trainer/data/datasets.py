@@ -194,12 +194,13 @@ def demonstration(sample: dict) -> str:
 
 
 def build_samples(cfg: Any, tokenizer, key: str, limit: RowLimit | None = None, vision=None,
-                  model_key: str = "actor.path") -> list[dict]:
+                  model_path: str | None = None) -> list[dict]:
     """Rows as samples; prompts longer than ``cfg.max_length`` tokens (the user message of a text prompt,
     the rendered conversation of a chat prompt) are dropped, and so are those with no room for an answer
     within ``limit`` (or they are an error: ``cfg.overlong_prompts``). ``vision``: the processor of an
     image-text-to-text model (``model/vision.py``'s ``VisionEncoder``; None for a text-only model, which
-    image rows are an error for): every sample gets its images and the processor (``data/vision.py``)."""
+    image rows are an error for): every sample gets its images and the processor (``data/vision.py``).
+    ``model_path``: ``actor.path``, for messages."""
     check_system_role(cfg, tokenizer, key)
     rows = load_rows(cfg, key)
     if not rows:
@@ -211,9 +212,10 @@ def build_samples(cfg: Any, tokenizer, key: str, limit: RowLimit | None = None, 
             sample = to_sample(cfg, row, prompt_col, answer_col, key)
             images = row_images(row, sample["prompt"], key)
             if images and vision is None:
-                raise UserError(f"{key}: {row.where} has an image ({images[0].name!r}), but {model_key} is a text-only "
+                model = "actor.path" if model_path is None else f"actor.path={model_path!r}"
+                raise UserError(f"{key}: {row.where} has an image ({images[0].name!r}), but {model} is a text-only "
                                 "model (no vision tower, no image processor). Use an image-text-to-text model (e.g. "
-                                f"{model_key}=builtin:tiny-vlm, a LLaVA or Qwen2-VL checkpoint), or remove the image "
+                                "actor.path=builtin:tiny-vlm, a LLaVA or Qwen2-VL checkpoint), or remove the image "
                                 "rows.")
         except ImageProblem as e:
             (unreadable if cfg.bad_images == "skip" else problems).append(e)

@@ -48,13 +48,12 @@ class ValueModel(nn.Module):
             if prefix_sharing:
                 tree = prefix_tree(input_ids, attention_mask, max_tree_tokens=max_pack_tokens)
                 values = self.value_head(tree_hidden(self.backbone, tree)).squeeze(-1).float()[tree.slot]
-            elif has_images(vision):
-                hidden = vision_hidden(self.backbone, input_ids, attention_mask, vision,
-                                       packing=use_packing(self.backbone, attention_mask, packing),
-                                       max_pack_tokens=max_pack_tokens)
             else:
-                hidden = real_token_hidden(self.backbone, input_ids, attention_mask, packing=packing,
-                                           max_pack_tokens=max_pack_tokens)  # [N, H]
+                hidden = (vision_hidden(self.backbone, input_ids, attention_mask, vision,
+                                        packing=use_packing(self.backbone, attention_mask, packing),
+                                        max_pack_tokens=max_pack_tokens) if has_images(vision) else
+                          real_token_hidden(self.backbone, input_ids, attention_mask, packing=packing,
+                                            max_pack_tokens=max_pack_tokens))  # [N, H]
                 values = self.value_head(hidden).squeeze(-1).float()
         return unpack(values, attention_mask)
 

@@ -50,6 +50,6 @@ class RLVRWorkflow:
                                       num_turns=[1.0] * g)
             groups.append(TrajectoryGroup(rows, stats=scores.typed(i * g, (i + 1) * g), source_values={
                 name: tuple(v[i * g:(i + 1) * g]) for name, v in scores.values.items()},
-                vision=(vision[i],) * g if images else None))
+                vision=(vision[i],) * g if vision[i] is not None else None))
         return groups
 __all__ = ["RLVRWorkflow", "prompt_ids"]
