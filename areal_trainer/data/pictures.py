@@ -17,7 +17,7 @@ from typing import Any
 
 COLOURS = {"red": (220, 30, 30), "green": (30, 170, 40), "blue": (30, 60, 220), "yellow": (235, 215, 30)}
 """The colours of the squares, by name (RGB)."""
-QUESTION = "What colour is the square?"
+QUESTION = "What colour is the square? Answer with one word."
 BACKGROUND = (128, 128, 128)
 SPLIT_SEEDS = {"train": 0, "test": 1}
 

@@ -24,9 +24,9 @@ IMAGE_TOKEN = "<image>"
 IMAGE_SIZE, PATCH_SIZE = 16, 4
 VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2)
 PICTURE_WORDS = [
-    "What", "Which", "How", "Answer", "▁colour", "▁color", "▁shape", "▁is", "▁the", "▁this", "▁square", "▁squares",
-    "▁circle", "▁circles", "▁triangle", "▁picture", "▁image", "▁many", "▁are", "▁there", "▁with", "▁one", "▁word",
-    "▁in", "▁and", "▁of", "▁or", "▁first", "▁second", "▁same", "▁yes", "▁no", "yes", "no", ":",
+    "What", "Which", "How", "Answer", "▁Answer", "▁colour", "▁color", "▁shape", "▁is", "▁the", "▁this", "▁square",
+    "▁squares", "▁circle", "▁circles", "▁triangle", "▁picture", "▁image", "▁many", "▁are", "▁there", "▁with", "▁one",
+    "▁word", "▁in", "▁and", "▁of", "▁or", "▁first", "▁second", "▁same", "▁yes", "▁no", "yes", "no", ":",
     *[w for c in ("red", "green", "blue", "yellow", "white", "black", "orange", "purple") for w in (c, "▁" + c)],
 ]
 """The words of the picture questions and answers, as pieces of the built-in word-level tokenizer."""
