@@ -16,6 +16,7 @@ holds each prompt's pixels once, however many answers it has.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -119,6 +120,16 @@ def uses_3d_positions(backbone: torch.nn.Module) -> bool:
     return any(callable(getattr(m, "get_rope_index", None)) for m in (backbone, getattr(backbone, "model", None)))
 
 
+def token_types(model: torch.nn.Module, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Each token's modality for models that take it with the ids (Qwen-VL in transformers 5:
+    ``mm_token_type_ids``, 1 on image tokens, 0 elsewhere, from which they compute their 3-D positions); ``{}``
+    for the others. Derived from the ids, so it needs no padding or extending of its own."""
+    if "mm_token_type_ids" not in inspect.signature(type(model).forward).parameters:
+        return {}
+    image = getattr(model.config, "image_token_id", None)
+    return {} if image is None else {"mm_token_type_ids": (input_ids == image).long()}
+
+
 def _row_kwargs(inputs: Sequence[VisionInput | None], dtype: torch.dtype, device: torch.device
                 ) -> Callable[[list[int]], dict]:
     return lambda order: collate([inputs[r] for r in order], device, dtype)
@@ -139,9 +150,9 @@ def vision_hidden(backbone: torch.nn.Module, input_ids: torch.Tensor, attention_
 
         return packed_apply(fn, input_ids, attention_mask, max_pack_tokens=max_pack_tokens,
                             varlen=is_varlen(backbone), row_kwargs=_row_kwargs(inputs, param.dtype, param.device))
-    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
-                      **collate(inputs, param.device, param.dtype)).last_hidden_state
-    return pack(hidden, attention_mask)
+    out = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
+                   **collate(inputs, param.device, param.dtype), **token_types(backbone, input_ids))
+    return pack(out.last_hidden_state, attention_mask)
 
 
 def vision_logits(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -150,7 +161,7 @@ def vision_logits(model: torch.nn.Module, input_ids: torch.Tensor, attention_mas
     cannot reproduce."""
     param = next(model.parameters())
     out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
-                **collate(inputs, param.device, param.dtype))
+                **collate(inputs, param.device, param.dtype), **token_types(model, input_ids))
     return pack(out.logits, attention_mask)
 
 

@@ -46,7 +46,7 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 from transformers.cache_utils import DynamicCache
 
-from ...model.vision import VisionInput, collate, has_images, uses_3d_positions
+from ...model.vision import VisionInput, collate, has_images, token_types, uses_3d_positions
 from ..limits import new_token_caps, positions_of
 from ..types import Generation
 from .stops import StopStrings as _StopStrings
@@ -292,7 +292,7 @@ class HFEngine:
             prefilled = self._shared_prefill(ids, mask, vision) if self.share_prefill else {}
             kwargs.update(prefilled)
             if vision is not None and not prefilled:  # a prefilled cache holds the images already
-                kwargs.update(self._pixels(vision))
+                kwargs.update(self._pixels(vision), **token_types(self.model, ids))
             seqs = self.model.generate(input_ids=ids, attention_mask=mask, **kwargs)
             new = seqs[:, width:].cpu()
             recorded = recorder.finish(seqs[:, -1]).cpu()
