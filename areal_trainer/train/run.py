@@ -66,6 +66,11 @@ def check_image_support(components: Components, *sample_sets: list[dict] | None)
     if not components.rollout.engine.takes_images:
         raise UserError(f"rollout.backend={cfg.rollout.backend!r}: {where}, and this backend samples text prompts "
                         "only. Use rollout.backend=hf for image prompts (docs/vlm.md).")
+    if not getattr(components.rollout.workflow, "takes_images", False):
+        what = (f"rollout.agent={cfg.rollout.agent!r}: agents" if cfg.rollout.agent is not None else
+                f"rollout.workflow={cfg.rollout.workflow!r}: this workflow")
+        raise UserError(f"{what} sample text prompts only, and {where}. Use the single-turn workflow for image "
+                        "prompts (a workflow class that handles images sets takes_images = True; docs/vlm.md).")
     if components.distill is not None:
         raise UserError(f"teacher: {where}, and the teachers of on-policy distillation score text rows only. Remove "
                         "the teacher section, or the image rows (docs/vlm.md).")

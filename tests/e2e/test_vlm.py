@@ -47,6 +47,8 @@ def test_grpo_full_fine_tuning_with_a_kl_reference_and_exact_resume(tmp_path):
     run = tmp_path / "outputs" / "grpo" / "full"
     full = _finite_steps(run)
     assert full[1]["update/grad_norm"] > 0 and "eval/reward" in step_records(run, "eval/reward")[2]
+    # The recomputed log-probs (the same images, the training forward) equal the engine's.
+    assert full[1]["mismatch/abs_logp_diff/max"] < 1e-4
     assert "images:     pictures/test-0.png" in out.stdout and "<image>×16What colour" in out.stdout
     with open(run / "samples.jsonl") as f:
         first = json.loads(f.readline())
@@ -104,3 +106,23 @@ def test_image_rows_on_a_text_only_model_stop_the_run_before_any_model_loads(tmp
                cwd=tmp_path, check=False)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert "actor.path='builtin:tiny' is a text-only model (no vision tower, no image processor)" in proc.stderr
+
+
+def test_the_lagged_mode_samples_image_prompts_reproducibly(tmp_path):
+    """Lagging snapshots, switching inside answers: two runs with one seed give the same steps."""
+    args = ["--config-name", "grpo", *VLM, *_data(tmp_path), "rollout.max_head_offpolicyness=1",
+            "rollout.offpolicy_mode=lagged", "rollout.lagged_switch_prob=0.5", "saver.freq_steps=null"]
+    runs = []
+    for trial in ("a", "b"):
+        cli([*args, f"trial_name={trial}"], cwd=tmp_path)
+        runs.append(_finite_steps(tmp_path / "outputs" / "grpo" / trial))
+    assert [comparable(r) for r in runs[0].values()] == [comparable(r) for r in runs[1].values()]
+    assert max(r["actor/staleness/max"] for r in runs[0].values()) == 1
+
+
+def test_image_rows_with_an_agent_stop_the_run_before_any_model_loads(tmp_path):
+    proc = cli(["--config-name", "grpo", *VLM, *_data(tmp_path), "rollout.agent=tests.agents.simple.try_again",
+                "trial_name=agent"], cwd=tmp_path, check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "rollout.agent='tests.agents.simple.try_again': agents sample text prompts only, and line 1 of " \
+           "'train.jsonl' has images." in proc.stderr

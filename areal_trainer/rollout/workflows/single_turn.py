@@ -28,6 +28,10 @@ from ..types import TrajectoryGroup, answer_segment
 class RLVRWorkflow:
     """Single-turn reinforcement learning with verifiable rewards."""
 
+    takes_images = True
+    """It samples image prompts with their images and hands them to the training forwards (docs/vlm.md); a
+    workflow class without this flag set is not given image rows."""
+
     def __init__(self, *, engine, tokenizer, reward):
         self.engine, self.tokenizer, self.reward = engine, tokenizer, reward
 
