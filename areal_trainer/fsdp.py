@@ -25,6 +25,7 @@ the weights, gradients and optimizer state are split over the ranks:
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 
 import torch
@@ -93,20 +94,39 @@ def _route_backbone_through_root(model: torch.nn.Module) -> None:
     The policy's log-probabilities come from the backbone plus the head weight, read directly
     (``train/models/logprobs.py``); the root's pre-forward hook must gather the embeddings and head first,
     and its post-forward hook must register the backward that reduce-scatters their gradients. A
-    backbone call from inside the root's own forward (``generate``) passes straight through.
+    backbone call from inside the root's own forward (``generate``) passes straight through. An
+    image-text-to-text model's ``get_image_features``, which ``generate`` calls before the root's first
+    forward, is routed the same way.
     """
     backbone = model.base_model
-    plain = backbone.forward
-    model.fsdp_backbone_forward = plain
-    register_fsdp_forward_method(model, "fsdp_backbone_forward")
     depth = [0]  # > 0 while the root's own forward runs
     model.register_forward_pre_hook(lambda *_: depth.__setitem__(0, depth[0] + 1))
     model.register_forward_hook(lambda *_: depth.__setitem__(0, depth[0] - 1), always_call=True)
+    for name in ("forward", "get_image_features"):
+        plain = getattr(backbone, name, None)
+        if plain is None:
+            continue
+        routed = f"fsdp_backbone_{name}"
+        setattr(model, routed, plain)
+        register_fsdp_forward_method(model, routed)
 
-    def forward(*args, **kwargs):
-        return (plain if depth[0] else model.fsdp_backbone_forward)(*args, **kwargs)
+        setattr(backbone, name, _routed_method(model, plain, routed, depth))
 
-    backbone.forward = forward
+
+def _routed_method(model: torch.nn.Module, plain, routed: str, depth: list[int]):
+    """``plain`` when called inside the root's forward, else the root's FSDP-hooked ``routed`` method; with
+    ``plain``'s signature (``generate`` reads it to pick the arguments of ``get_image_features``)."""
+    @functools.wraps(plain)
+    def method(*args, **kwargs):
+        if depth[0]:  # inside the root's forward, or another routed call: its hooks have run
+            return plain(*args, **kwargs)
+        depth[0] += 1
+        try:
+            return getattr(model, routed)(*args, **kwargs)
+        finally:
+            depth[0] -= 1
+
+    return method
 
 
 @contextlib.contextmanager

@@ -162,6 +162,15 @@ def digit_share_reward(prompt: str, completion: str, answer: str) -> float:
     return sum(c.isdigit() for c in completion) / max(len(completion), 1)
 
 
+def picture_reward(prompt, completion, answer, images) -> float:
+    """For image rows (tests/e2e/test_vlm.py): the share of digits in the answer's text, as
+    :func:`digit_share_reward`; it takes the row's ``images`` column by name, which must be the list of paths."""
+    if not (isinstance(images, list) and images and all(isinstance(p, str) and p.endswith(".png") for p in images)):
+        raise ValueError(f"expected the row's image paths, got {images!r}")
+    text = completion[-1]["content"] if isinstance(completion, list) else completion
+    return sum(c.isdigit() for c in text) / max(len(text), 1)
+
+
 def length_thirds_reward(prompt: str, completion: str, answer: str) -> float:
     """0, 0.5 or 1 by the completion's length modulo 3: an untrained model's answers get each, so multi-turn
     episodes end at different turns, and a discounted 0.5 is not a power of the discount."""

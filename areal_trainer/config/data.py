@@ -10,6 +10,8 @@ from .base import Checked, at_least_one, one_of
 
 OVERLONG_PROMPTS = (None, "drop", "error")
 """The values of ``overlong_prompts`` (null: ``drop``)."""
+BAD_IMAGES = (None, "error", "skip")
+"""The values of ``bad_images`` (null: ``error``)."""
 
 
 @dataclass
@@ -47,6 +49,15 @@ class DatasetConfig(Checked):
     limit - prompt tokens)`` tokens. valid_dataset: null = train_dataset's."""
     max_rows: Optional[int] = None
     """Use at most this many rows (for builtin:arith: how many problems to generate)."""
+    max_pixels: Optional[int] = None
+    """Image prompts (TRL's vision layout, docs/vlm.md): an image of more pixels (width x height) is scaled down
+    to this many, aspect kept, before the model's processor resizes it by its own rules (null: as the processor
+    does; valid_dataset: null = train_dataset's). Fewer pixels give fewer image tokens with Qwen-VL-style
+    processors; LLaVA's resize every image to one size."""
+    bad_images: Optional[str] = None
+    """``error`` (null: the default) or ``skip``: a row whose image is missing or unreadable stops the run before
+    any model loads, naming the row and the image, or is left out (one warning gives the count and an example;
+    valid_dataset: null = train_dataset's)."""
     prompt_key: Optional[str] = None
     """Column with the prompt: text, or chat messages (a list of ``{role, content}``). null: the first of
     ``prompt``, ``messages``, ``question`` the rows have (valid_dataset: null = train_dataset's)."""
@@ -80,6 +91,8 @@ class DatasetConfig(Checked):
         for name in ("max_length", "max_rows"):
             p += at_least_one(f"{key}.{name}", getattr(self, name), nullable=True)
         p += one_of(f"{key}.overlong_prompts", self.overlong_prompts, OVERLONG_PROMPTS)
+        p += one_of(f"{key}.bad_images", self.bad_images, BAD_IMAGES)
+        p += at_least_one(f"{key}.max_pixels", self.max_pixels, nullable=True)
         return p + self.prompt_problems(key)
 
     def prompt_problems(self, key: str) -> list[str]:
@@ -119,7 +132,8 @@ class DatasetConfig(Checked):
         return dataclasses.replace(self, **{n: getattr(other, n) for n in INHERITED_KEYS if getattr(self, n) is None})
 
 
-INHERITED_KEYS = ("prompt_key", "answer_key", "system_prompt", "prompt_template", "prompt_suffix", "overlong_prompts")
+INHERITED_KEYS = ("prompt_key", "answer_key", "system_prompt", "prompt_template", "prompt_suffix", "overlong_prompts",
+                  "max_pixels", "bad_images")
 """The keys of ``DatasetConfig`` that valid_dataset takes from train_dataset where its own are null."""
 
 

@@ -244,6 +244,10 @@ class TrainEngineConfig(Checked):
     for Llama/Qwen models the attention and MLP projections q/k/v/o_proj, gate/up/down_proj."""
     peft_type: str = "lora"
     """The PEFT method; only ``lora``."""
+    freeze_vision: bool = True
+    """An image-text-to-text model's vision encoder stays frozen (its projector and language model train); false
+    trains it too. No effect on a text-only model. With ``use_lora`` the adapters sit on the language model only
+    (docs/vlm.md)."""
     enable_tree_training: Optional[bool] = None
     """Shared-prefix training: rows that start with the same tokens (the answers of one prompt) are computed
     as one prefix plus their continuations, so every training-side forward and backward pays for unique

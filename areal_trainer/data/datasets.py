@@ -1,8 +1,9 @@
 """Prompt datasets in the shapes users have, as samples the rollout and the rewards read.
 
-Sources: the built-in arithmetic set (``builtin:arith``), a Hugging Face hub dataset (``path``,
-``name``, ``split``), or local files (``data/files.py``: a file, a directory or a glob of
-``.jsonl``/``.json``/``.parquet``/``.csv``).
+Sources: the built-in arithmetic set (``builtin:arith``), the built-in pictures (``builtin:squares``,
+``data/pictures.py``), a Hugging Face hub dataset (``path``, ``name``, ``split``), or local files
+(``data/files.py``: a file, a directory or a glob of ``.jsonl``/``.json``/``.parquet``/``.csv``). Image
+prompts (TRL's vision layout) are checked and loaded by ``data/vision.py``.
 
 Row shapes (TRL's dataset formats, and GSM8K's):
 
@@ -34,11 +35,14 @@ from typing import Any
 from ..errors import UserError
 from ..model.chat import prompt_lengths
 from ..model.limits import RowLimit
-from . import arith
+from . import arith, pictures
 from .files import Row, local_files, read_files
+from .vision import ImageProblem, PromptImages, is_part_messages, row_images
 
 BOXED_SUFFIX = "\nPlease put your final answer within \\boxed{}."
 BUILTIN_DEFAULT_ROWS = {"train": 50000, "test": 256}
+PICTURES = "builtin:squares"
+"""The built-in picture task for image-text-to-text models (``data/pictures.py``)."""
 GSM8K_IDS = ("openai/gsm8k", "gsm8k")
 """Hub ids of GSM8K; it has two configs, ``main`` (the usual one) and ``socratic``."""
 PROMPT_COLUMNS = ("prompt", "messages", "question")
@@ -48,6 +52,12 @@ ROLES = ("system", "user", "assistant", "tool")
 
 def load_rows(cfg: Any, key: str) -> list[Row]:
     """The raw rows of a dataset (at most ``cfg.max_rows``)."""
+    if cfg.path == PICTURES:
+        n = cfg.max_rows or BUILTIN_DEFAULT_ROWS.get(cfg.split, 1000)
+        try:
+            return [Row(r, f"row {i + 1} of {PICTURES}") for i, r in enumerate(pictures.generate(cfg.split, n))]
+        except ValueError as e:
+            raise UserError(f"{key}: {e}") from None
     if cfg.path == "builtin:arith":
         n = cfg.max_rows or BUILTIN_DEFAULT_ROWS.get(cfg.split, 1000)
         try:
@@ -98,8 +108,10 @@ def columns_of(cfg: Any, rows: list[Row], key: str) -> tuple[str, str | None]:
 
 
 def _is_messages(value: Any) -> bool:
-    return isinstance(value, list) and bool(value) and all(
-        isinstance(m, dict) and m.get("role") in ROLES and isinstance(m.get("content"), str) for m in value)
+    """Chat messages: text contents, or (TRL's vision layout, ``data/vision.py``) lists of text and image parts."""
+    return isinstance(value, list) and bool(value) and all(isinstance(m, dict) and m.get("role") in ROLES
+                                                           for m in value) and (
+        all(isinstance(m.get("content"), str) for m in value) or is_part_messages(value))
 
 
 def _row_problem(row: Row, column: str, key_name: str, what: str) -> UserError:
@@ -157,7 +169,8 @@ def to_sample(cfg: Any, row: Row, prompt_col: str, answer_col: str | None, key: 
     if not isinstance(prompt, str) and not _is_messages(prompt):
         raise _row_problem(row, prompt_col, f"{key}.prompt_key",
                            f"{prompt_col!r} holds a {type(prompt).__name__}, neither text nor chat messages (a list "
-                           f"of {{role, content}} with roles {', '.join(ROLES)})")
+                           f"of {{role, content}} with roles {', '.join(ROLES)}; a content is text, or a list of "
+                           "{\"type\": \"text\", \"text\": ...} and {\"type\": \"image\"} parts)")
     answer = None
     if answer_col is not None:
         answer = row.columns.get(answer_col)
@@ -180,30 +193,48 @@ def demonstration(sample: dict) -> str:
     return sample["fields"].get("demonstration", sample["answer"])
 
 
-def build_samples(cfg: Any, tokenizer, key: str, limit: RowLimit | None = None,
-                  rows: list[Row] | None = None) -> list[dict]:
+def build_samples(cfg: Any, tokenizer, key: str, limit: RowLimit | None = None, vision=None,
+                  model_path: str | None = None, rows: list[Row] | None = None) -> list[dict]:
     """Rows as samples; prompts longer than ``cfg.max_length`` tokens (the user message of a text prompt,
     the rendered conversation of a chat prompt) are dropped, and so are those with no room for an answer
-    within ``limit`` (or they are an error: ``cfg.overlong_prompts``). ``rows``: given rows (an environment's,
+    within ``limit`` (or they are an error: ``cfg.overlong_prompts``). ``vision``: the processor of an
+    image-text-to-text model (``model/vision.py``'s ``VisionEncoder``; None for a text-only model, which
+    image rows are an error for): every sample gets its images and the processor (``data/vision.py``).
+    ``model_path``: ``actor.path``, for messages. ``rows``: given rows (an environment's,
     ``environment.type``) instead of those ``cfg.path`` names."""
     check_system_role(cfg, tokenizer, key)
     rows = load_rows(cfg, key) if rows is None else rows
     if not rows:
         raise UserError(f"{key}: {cfg.path!r} holds no rows.")
     prompt_col, answer_col = columns_of(cfg, rows, key)
-    samples, problems = [], []
+    samples, problems, unreadable = [], [], []
     for row in rows:
         try:
             sample = to_sample(cfg, row, prompt_col, answer_col, key)
+            images = row_images(row, sample["prompt"], key)
+            if images and vision is None:
+                model = "actor.path" if model_path is None else f"actor.path={model_path!r}"
+                raise UserError(f"{key}: {row.where} has an image ({images[0].name!r}), but {model} is a text-only "
+                                "model (no vision tower, no image processor). Use an image-text-to-text model (e.g. "
+                                "actor.path=builtin:tiny-vlm, a LLaVA or Qwen2-VL checkpoint), or remove the image "
+                                "rows.")
+        except ImageProblem as e:
+            (unreadable if cfg.bad_images == "skip" else problems).append(e)
+            continue
         except UserError as e:
             problems.append(e)
             continue
+        if vision is not None:
+            sample["vision"] = PromptImages(images, vision, cfg.max_pixels)
         if cfg.max_length is not None and _prompt_tokens(tokenizer, sample) > cfg.max_length:
             continue
         samples.append(sample)
     if problems:
         more = f" ({len(problems) - 1} more of the {len(rows)} rows have problems too.)" if len(problems) > 1 else ""
         raise UserError(f"{problems[0]}{more}")
+    if unreadable:
+        warnings.warn(f"{key}: left out {len(unreadable)} of {len(rows)} rows whose image is missing or unreadable "
+                      f"({key}.bad_images=skip), e.g. {unreadable[0]}", UserWarning, stacklevel=2)
     if limit is not None:
         samples = _within(samples, cfg, tokenizer, key, limit)
     if not samples:
@@ -215,10 +246,19 @@ def build_samples(cfg: Any, tokenizer, key: str, limit: RowLimit | None = None,
 def _within(samples: list[dict], cfg: Any, tokenizer, key: str, limit: RowLimit) -> list[dict]:
     """The samples whose prompt leaves room for one answer token within ``limit``; the others are dropped
     with one warning, or are an error (``cfg.overlong_prompts``)."""
-    lengths = prompt_lengths(tokenizer, [s["messages"] for s in samples])
+    lengths = _lengths(tokenizer, samples)
     over = [i for i, n in enumerate(lengths) if n + 1 > limit.tokens]
     if not over:
         return samples
+    for i in over:  # a prompt whose images alone push it past the limit: the image is the thing to fix
+        vision = samples[i].get("vision")
+        if vision is not None and vision.refs and vision.text_length(samples[i]["messages"]) + 1 <= limit.tokens:
+            if (cfg.overlong_prompts or "error") == "error":
+                raise UserError(
+                    f"{key}: {samples[i]['row']}: its image {vision.names[0]!r} makes the prompt {lengths[i]} tokens "
+                    f"(the images' tokens included), past the row limit of {limit.tokens} ({limit.source}). Set "
+                    f"{key}.max_pixels to scale images down (Qwen-VL-style processors give fewer tokens for fewer "
+                    f"pixels), {limit.fix}, or set {key}.overlong_prompts=drop to leave such rows out.")
     first = samples[over[0]]
     example = (f"{first['row']} has {lengths[over[0]]} prompt tokens (rendered by the chat template) and the row "
                f"limit is {limit.tokens} tokens of prompt plus answer ({limit.source})")
@@ -232,7 +272,17 @@ def _within(samples: list[dict], cfg: Any, tokenizer, key: str, limit: RowLimit)
     return [s for i, s in enumerate(samples) if i not in dropped]
 
 
+def _lengths(tokenizer, samples: list[dict]) -> list[int]:
+    """Each sample's prompt tokens as the engine gets them (an image prompt's image tokens included)."""
+    text = [i for i, s in enumerate(samples) if s.get("vision") is None]
+    out = dict(zip(text, prompt_lengths(tokenizer, [samples[i]["messages"] for i in text])))
+    out.update({i: s["vision"].length(s["messages"]) for i, s in enumerate(samples) if s.get("vision") is not None})
+    return [out[i] for i in range(len(samples))]
+
+
 def _prompt_tokens(tokenizer, sample: dict) -> int:
+    if sample.get("vision") is not None:
+        return sample["vision"].length(sample["messages"])
     if isinstance(sample["prompt"], list):
         text = tokenizer.apply_chat_template(sample["messages"], add_generation_prompt=True, tokenize=False)
     else:

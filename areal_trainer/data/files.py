@@ -29,6 +29,8 @@ class Row:
 
     columns: dict[str, Any]
     where: str
+    base: str | None = None
+    """The directory of the file it came from: relative image paths (``data/vision.py``) start there."""
 
 
 def local_files(path: str, key: str) -> list[str] | None:
@@ -87,7 +89,7 @@ def _read_json(path: str, key: str) -> list[Row]:
         except json.JSONDecodeError as e:
             raise UserError(f"{key}: {path!r} is not valid JSON: {e.msg} at line {e.lineno}, "
                             f"column {e.colno}.") from None
-        return [_object(r, f"element {i + 1} of {name!r}", key) for i, r in enumerate(data)]
+        return [_object(r, f"element {i + 1} of {name!r}", key, path) for i, r in enumerate(data)]
     rows = []
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -97,15 +99,15 @@ def _read_json(path: str, key: str) -> list[Row]:
         except json.JSONDecodeError as e:
             raise UserError(f"{key}: line {n} of {path!r} is not valid JSON ({e.msg}, column {e.colno}): "
                             f"{line[:120]!r}. Fix the line or remove it.") from None
-        rows.append(_object(value, f"line {n} of {name!r}", key))
+        rows.append(_object(value, f"line {n} of {name!r}", key, path))
     return rows
 
 
-def _object(value: Any, where: str, key: str) -> Row:
+def _object(value: Any, where: str, key: str, path: str) -> Row:
     if not isinstance(value, dict):
         raise UserError(f"{key}: {where} is a {type(value).__name__}, not an object of columns "
                         "(e.g. {\"prompt\": ..., \"answer\": ...}).")
-    return Row(value, where)
+    return Row(value, where, os.path.dirname(os.path.abspath(path)))
 
 
 def _read_table(path: str, ext: str, key: str) -> list[Row]:
@@ -125,4 +127,5 @@ def _read_table(path: str, ext: str, key: str) -> list[Row]:
         raise UserError(f"{key}: {path!r} cannot be read as {what}: {str(e).splitlines()[0]}. Is it really a "
                         f"{ext} file?") from None
     name = os.path.basename(path)
-    return [Row(r, f"row {i + 1} of {name!r}") for i, r in enumerate(table.to_pylist())]
+    base = os.path.dirname(os.path.abspath(path))
+    return [Row(r, f"row {i + 1} of {name!r}", base) for i, r in enumerate(table.to_pylist())]

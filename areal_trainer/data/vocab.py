@@ -40,15 +40,26 @@ CHUNK = re.compile(r"\s*\S+")
 (cheap even for 50000 prompts). Tokenizers split at spaces, so a chunk's pieces are those it has in place."""
 
 
+def _texts(content) -> list[str]:
+    """A message content's texts: the text itself, or the text parts of a list of parts (TRL's vision layout)."""
+    if isinstance(content, str):
+        return [content]
+    if isinstance(content, list):
+        return [p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)]
+    return []
+
+
 def unknown_words(tokenizer, samples: list[dict]) -> UnknownWords | None:
     """The pieces of the samples' message texts that ``tokenizer`` maps to its unknown token, or None when
     there are none (or the tokenizer has no unknown token)."""
     unk = getattr(tokenizer, "unk_token_id", None)
     if unk is None or not samples:
         return None
-    chunks_of = [{c for m in s["messages"] if isinstance(m.get("content"), str) for c in CHUNK.findall(m["content"])}
+    chunks_of = [{c for m in s["messages"] for text in _texts(m.get("content")) for c in CHUNK.findall(text)}
                  for s in samples]
     distinct = sorted(set().union(*chunks_of))
+    if not distinct:
+        return None
     ids = tokenizer(distinct, add_special_tokens=False).input_ids
     words_of = {c: unknown_pieces(tokenizer, c) for c, row in zip(distinct, ids) if unk in row}
     if not words_of:

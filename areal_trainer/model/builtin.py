@@ -93,14 +93,15 @@ def builtin_size(path: str) -> str:
     return size
 
 
-def build_tokenizer(path: str | None = None) -> PreTrainedTokenizerFast:
+def build_tokenizer(path: str | None = None, extra: tuple[str, ...] = ()) -> PreTrainedTokenizerFast:
     """The word-level tokenizer of the built-in task (deterministic); of the tool-calling variant when
-    ``path`` names one."""
+    ``path`` names one. ``extra``: more pieces, after every default id (the built-in VLM's picture words)."""
     tools = path is not None and has_tools(path)
     with open(VOCAB_FILE, encoding="utf-8") as f:
         words = json.load(f)
     if tools:
         words += TOOL_PIECES + TOOL_TAGS  # after every default id
+    words += [w for w in extra if w not in words]
     vocab = {w: i for i, w in enumerate(words)}
     tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     # Spaces become a leading "▁" on the next piece; then words, numbers, "####" and single

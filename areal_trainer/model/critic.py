@@ -13,8 +13,9 @@ import os
 import torch
 from torch import nn
 
-from .packing import real_token_hidden, unpack
+from .packing import real_token_hidden, unpack, use_packing
 from .prefix import prefix_tree, tree_hidden
+from .vision import has_images, vision_hidden
 
 HEAD_FILE = "value_head.pt"
 
@@ -30,12 +31,13 @@ class ValueModel(nn.Module):
 
     @classmethod
     def from_causal_lm(cls, lm: nn.Module) -> ValueModel:
-        return cls(lm.base_model, lm.config.hidden_size)
+        return cls(lm.base_model, lm.config.get_text_config().hidden_size)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 autocast_dtype: torch.dtype | None = None, *, packing: bool | None = None,
-                max_pack_tokens: int | None = None, prefix_sharing: bool = False) -> torch.Tensor:
-        """``[B, S]`` float32 values (0 at padding) of a right-padded ``[B, S]`` batch.
+                max_pack_tokens: int | None = None, prefix_sharing: bool = False, vision=None) -> torch.Tensor:
+        """``[B, S]`` float32 values (0 at padding) of a right-padded ``[B, S]`` batch (``vision``: each row's
+        images, for an image-text-to-text backbone; ``model/vision.py``).
 
         The backbone runs only the real tokens, packed (see ``model/packing.py``; ``packing`` None =
         when supported, True/False = force), or the padded batch as a fallback. With
@@ -47,8 +49,11 @@ class ValueModel(nn.Module):
                 tree = prefix_tree(input_ids, attention_mask, max_tree_tokens=max_pack_tokens)
                 values = self.value_head(tree_hidden(self.backbone, tree)).squeeze(-1).float()[tree.slot]
             else:
-                hidden = real_token_hidden(self.backbone, input_ids, attention_mask, packing=packing,
-                                           max_pack_tokens=max_pack_tokens)  # [N, H]
+                hidden = (vision_hidden(self.backbone, input_ids, attention_mask, vision,
+                                        packing=use_packing(self.backbone, attention_mask, packing),
+                                        max_pack_tokens=max_pack_tokens) if has_images(vision) else
+                          real_token_hidden(self.backbone, input_ids, attention_mask, packing=packing,
+                                            max_pack_tokens=max_pack_tokens))  # [N, H]
                 values = self.value_head(hidden).squeeze(-1).float()
         return unpack(values, attention_mask)
 
@@ -65,6 +70,6 @@ class ValueModel(nn.Module):
         from transformers import AutoModel
 
         backbone = AutoModel.from_pretrained(path, dtype=dtype)
-        model = cls(backbone, backbone.config.hidden_size)
+        model = cls(backbone, backbone.config.get_text_config().hidden_size)
         model.value_head.load_state_dict(torch.load(os.path.join(path, HEAD_FILE), weights_only=True))
         return model

@@ -13,7 +13,7 @@ import torch
 
 from ..dtypes import torch_dtype
 from ..errors import UserError
-from . import builtin, smollm2
+from . import builtin, builtin_vlm, smollm2
 
 
 def resolve_device(name: str) -> torch.device:
@@ -52,6 +52,8 @@ def _looks_like_hub_id(path: str) -> bool:
 
 def load_tokenizer(path: str, key: str = "tokenizer_path"):
     """A tokenizer with a pad token (the EOS token when the checkpoint has none)."""
+    if builtin_vlm.is_builtin_vlm(path):
+        return builtin_vlm.build_tokenizer(path)
     if builtin.is_builtin(path):
         return builtin.build_tokenizer(path)
     if smollm2.is_smollm2(path):
@@ -72,7 +74,10 @@ def load_tokenizer(path: str, key: str = "tokenizer_path"):
 
 def load_causal_lm(path: str, *, tokenizer, dtype: str, device: torch.device, seed: int,
                    init_from_scratch: bool = False, key: str = "actor.path"):
-    """A causal LM on ``device`` in training precision."""
+    """A causal LM on ``device`` in training precision (an image-text-to-text model when ``path`` is one:
+    ``model/vision.py``)."""
+    if builtin_vlm.is_builtin_vlm(path):
+        return builtin_vlm.build_model(path, tokenizer, seed).to(device=device, dtype=param_dtype(dtype))
     if builtin.is_builtin(path):
         try:
             model = builtin.build_model(path, tokenizer, seed)
@@ -81,15 +86,17 @@ def load_causal_lm(path: str, *, tokenizer, dtype: str, device: torch.device, se
         return model.to(device=device, dtype=param_dtype(dtype))
     if smollm2.is_smollm2(path):
         path = smollm2.ensure_checkpoint(key)
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     try:
+        config = AutoConfig.from_pretrained(path)
+        auto = _auto_class(config)
         if init_from_scratch:
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)
-                model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
+                model = auto.from_config(config)
         else:
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=param_dtype(dtype))
+            model = auto.from_pretrained(path, dtype=param_dtype(dtype))
     except (OSError, ValueError) as e:
         raise _missing(path, key, e) from None
     return model.to(device=device, dtype=param_dtype(dtype))
@@ -101,6 +108,8 @@ def load_positions(path: str, *, tokenizer, key: str = "actor.path"):
     from .limits import model_positions
 
     where = f"{key}={path!r}"
+    if builtin_vlm.is_builtin_vlm(path):
+        return model_positions(builtin_vlm.build_config(path, tokenizer), tokenizer, where)
     if builtin.is_builtin(path):
         try:
             return model_positions(builtin.build_config(path, tokenizer), tokenizer, where)
@@ -112,17 +121,49 @@ def load_positions(path: str, *, tokenizer, key: str = "actor.path"):
 def load_skeleton(path: str, *, tokenizer, key: str):
     """The causal LM of ``path`` on the meta device: its modules without weights, for checks of its
     structure (such as LoRA target module names) before anything large loads."""
+    if builtin_vlm.is_builtin_vlm(path):
+        with torch.device("meta"):
+            return builtin_vlm.build_model(path, tokenizer, 0)
     if builtin.is_builtin(path):
         try:
             with torch.device("meta"):
                 return builtin.build_model(path, tokenizer, 0)
         except ValueError as e:
             raise UserError(f"{key}: {e}") from None
-    from transformers import AutoModelForCausalLM
-
     config = _hf_config(path, key)
     with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(config)
+        return _auto_class(config).from_config(config)
+
+
+def _auto_class(config):
+    """``AutoModelForImageTextToText`` for a config with a vision tower, else ``AutoModelForCausalLM``."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    return AutoModelForImageTextToText if getattr(config, "vision_config", None) is not None else AutoModelForCausalLM
+
+
+def load_processor(path: str, *, tokenizer, key: str = "actor.path"):
+    """The image processor of an image-text-to-text model (the processor that renders chat prompts with their
+    images, ``model/vision.py``), or None for a text-only model; read before any weights load."""
+    if builtin_vlm.is_builtin_vlm(path):
+        return builtin_vlm.build_processor(tokenizer)
+    if builtin.is_builtin(path):
+        return None
+    config = _hf_config(path, key)
+    if getattr(config, "vision_config", None) is None:
+        return None
+    if smollm2.is_smollm2(path):
+        path = smollm2.ensure_checkpoint(key)
+    from transformers import AutoProcessor
+
+    try:
+        return AutoProcessor.from_pretrained(path)
+    except Exception as e:  # noqa: BLE001 - processors fail in many ways (a missing torchvision among them)
+        first = (str(e).splitlines() or [""])[0]
+        hint = (" Qwen-VL processors need torchvision (their video processor imports it): install the torchvision "
+                "built for this torch." if "torchvision" in str(e).lower() or "VIDEO_PROCESSOR" in str(e) else "")
+        raise UserError(f"{key}: the processor of the image-text-to-text model {path!r} does not load "
+                        f"({type(e).__name__}: {first}).{hint}") from None
 
 
 def _hf_config(path: str, key: str):

@@ -23,12 +23,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import warnings
 
 import torch
 
 from ..errors import UserError
 from .critic import HEAD_FILE
+from .vision import language_model_prefix
 
 BASE_FILE = "base_model.pt"
 BASE_INFO = "lora_base.json"
@@ -54,8 +56,14 @@ def lora_config(cfg, model: torch.nn.Module, key: str = "actor", task_type: str 
         if missing:
             raise UserError(f"{key}.target_modules: {missing} not found in {cfg.path!r}; its Linear layers are "
                             f"{found} (or give [all-linear]).")
+    lm = language_model_prefix(model)
+    if lm is not None:  # an image-text-to-text model: adapters on its language model only, the vision side as is
+        names = linear_names(dict(model.named_modules())[lm]) if targets == ["all-linear"] else targets
+        chosen: str | list[str] = rf"^{re.escape(lm)}\..*\.({'|'.join(map(re.escape, names))})$"
+    else:
+        chosen = "all-linear" if targets == ["all-linear"] else targets
     return LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-                      target_modules="all-linear" if targets == ["all-linear"] else targets, task_type=task_type)
+                      target_modules=chosen, task_type=task_type)
 
 
 @contextlib.contextmanager

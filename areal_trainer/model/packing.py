@@ -196,23 +196,27 @@ def default_pack_tokens(lengths: Sequence[int], varlen: bool) -> int | None:
 
 
 def packed_apply(fn: PackedFn, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
-                 max_pack_tokens: int | None, varlen: bool = False) -> torch.Tensor:
+                 max_pack_tokens: int | None, varlen: bool = False,
+                 row_kwargs: Callable[[list[int]], dict] | None = None) -> torch.Tensor:
     """Run ``fn`` once on the packed real tokens of a right-padded batch.
 
     ``input_ids``/``attention_mask`` ``[B, S]`` -> ``[N, ...]`` outputs in row-major real-token order.
     Pack rows hold at most ``max_pack_tokens`` tokens (None: :func:`default_pack_tokens`).
     Dense-mask attention gets the ``[P, C]`` grid; varlen attention gets the grid flattened to one
     row ``[1, P x C]`` plus ``cu_seq_lens_q/k`` and ``max_length_q/k`` of its blocks.
+    ``row_kwargs(order)``: more keyword arguments of ``fn`` given the batch rows in the order the grid
+    holds them (a VLM's images, ``model/vision.py``).
     """
     lengths = row_lengths(attention_mask)
     width = max_pack_tokens or default_pack_tokens(lengths, varlen)
     layout = pack_layout(lengths, width, input_ids.device)
     ids, pos = layout.pack(pack(input_ids, attention_mask)), layout.position_ids
+    extra = row_kwargs([r for rows in layout.rows for r in rows]) if row_kwargs is not None else {}
     if not varlen:
-        return layout.unpack(fn(ids, pos, {}))
+        return layout.unpack(fn(ids, pos, extra))
     blocks = [n for row in layout.blocks for n in row]
     cu = cu_seq_lens(blocks, ids.device)
-    kwargs = dict(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max(blocks), max_length_k=max(blocks))
+    kwargs = dict(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max(blocks), max_length_k=max(blocks), **extra)
     out = fn(ids.reshape(1, -1), pos.reshape(1, -1), kwargs)
     return layout.unpack(out.reshape(*layout.shape, *out.shape[2:]))
 

@@ -184,8 +184,14 @@ def tree_hidden(backbone: torch.nn.Module, tree: PrefixTree) -> torch.Tensor:
 
 # ----------------------------------------------------------------------------- support detection
 
+VLM_REASON = ("it is an image-text-to-text model, whose rows are computed in full (packed) with their images: "
+              "shared prefixes do not carry images")
+
+
 def tree_unsupported_reason(backbone: torch.nn.Module) -> str | None:
     """Why ``backbone`` cannot run a tree mask (None: it can, probed once per module)."""
+    if getattr(getattr(backbone, "config", None), "vision_config", None) is not None:
+        return VLM_REASON
     impl = attn_implementation(backbone)
     if impl not in TREE_IMPLS:
         return f"its attention implementation is {impl or 'unknown'!r} (the tree mask needs 'sdpa' or 'eager')"
@@ -207,6 +213,8 @@ def resolve_tree_training(backbone: torch.nn.Module, requested: bool | None, key
     reason = tree_unsupported_reason(backbone)
     if reason is None:
         return True, None
+    if requested and reason == VLM_REASON:
+        raise UserError(f"{key}=true, but {reason}. Set {key}=false or leave it unset.")
     if requested:
         raise UserError(f"{key}=true, but this model cannot compute shared prefixes: {reason}. Load it with "
                         f"attn_implementation='sdpa', or set {key}=false (or leave it unset: shared where supported).")

@@ -53,7 +53,8 @@ class InferenceEngine(Protocol):
         """The version of the weights the engine samples with now."""
 
     def generate(self, prompts: list[list[int]], gconfig) -> list[Generation]:
-        """One answer per prompt, in prompt order (repeat a prompt to sample it several times)."""
+        """One answer per prompt, in prompt order (repeat a prompt to sample it several times). An engine that
+        samples image prompts (``EngineSpec.takes_images``) also takes ``vision=``, each prompt's images."""
 
     def update_weights(self, model: torch.nn.Module, version: int) -> None:
         """Sample from ``model``'s current weights, which are policy version ``version``, from now on."""
@@ -92,6 +93,10 @@ class TrajectoryGroup:
     """Each reward source's own value per row, by its metric name (``reward/<name>``; None where it gave no
     number), before the weighted sum: the held-out accuracy reads its verifier's values from here
     (``evaluator.verifier``). The built-in workflows set it (a multi-turn row: its last answer's values)."""
+    vision: tuple | None = None
+    """Each row's images for an image-text-to-text model (``model/vision.py``'s ``VisionInput``, None for a text
+    row; the rows of one prompt share one object), or None when no row has any: every training-side forward of
+    the rows takes them, so each sees the images the engine sampled with."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.rows, Rows):
@@ -136,6 +141,9 @@ class TrajectoryGroup:
                                               or len(self.episode_rewards or ()) != len(self.episode_rows)):
             return [f"{label}: episode_rows {self.episode_rows} must be positive and sum to the group's {n} "
                     "rows, with one episode_rewards entry each."]
+        if self.vision is not None and len(self.vision) != n:
+            return [f"{label}: vision has {len(self.vision)} entries for the group's {n} rows; give one per row "
+                    "(None for a row without images)."]
         return []
 
 

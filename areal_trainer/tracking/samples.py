@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -82,19 +83,32 @@ def mean_advantage(advantages: torch.Tensor, adv_mask: torch.Tensor) -> float | 
     return float((advantages * adv_mask).sum()) / n if n > 0 else None
 
 
-def row_record(tokenizer, row: Mapping[str, torch.Tensor], advantage: float | None = None) -> dict:
+def squeeze_images(text: str, image_token: str | None) -> str:
+    """``text`` with every run of two or more ``image_token`` written once with its count (``<image>×16``): an
+    image becomes hundreds of identical tokens, which say nothing to a reader but how many."""
+    if not image_token:
+        return text
+    size = len(image_token)
+    return re.sub(f"(?:{re.escape(image_token)}){{2,}}", lambda m: f"{image_token}×{len(m.group()) // size}", text)
+
+
+def row_record(tokenizer, row: Mapping[str, torch.Tensor], advantage: float | None = None,
+               images: Sequence[str] = (), image_token: str | None = None) -> dict:
     """One readable sample from one row of a trajectory batch.
 
     ``row`` holds ``[S]`` tensors (``input_ids``, ``attention_mask``, ``loss_mask``, optionally
     ``versions``) and 0-dim ones (``rewards``, ``is_truncated``, optionally ``num_turns``).
     ``versions`` lists the distinct policy versions of the trained tokens (two when a generation
-    spanned a weight update); ``answer_len`` counts the trained tokens.
+    spanned a weight update); ``answer_len`` counts the trained tokens. ``images``: the row's images as the
+    dataset names them (an image prompt; recorded as ``images``), whose tokens (``image_token``) the prompt
+    shows as one placeholder and their count.
     """
     length = int(row["attention_mask"].sum())
     ids = row["input_ids"][:length].tolist()
     mask = [int(m) for m in row["loss_mask"][:length].tolist()]
     prompt, segments = split_row(tokenizer, ids, mask)
-    record: dict = {}
+    prompt = squeeze_images(prompt, image_token)
+    record: dict = {"images": list(images)} if images else {}
     if "versions" in row:
         v = row["versions"][:length]
         record["versions"] = sorted({int(x) for x in v[v >= 0].tolist()})
@@ -105,12 +119,14 @@ def row_record(tokenizer, row: Mapping[str, torch.Tensor], advantage: float | No
 
 
 def step_samples(tokenizer, data: Mapping[str, torch.Tensor], advantages: torch.Tensor, adv_mask: torch.Tensor,
-                 group_sizes: Sequence[int], n: int, prompt_ids: Sequence[int | None] | None = None) -> list[dict]:
+                 group_sizes: Sequence[int], n: int, prompt_ids: Sequence[int | None] | None = None,
+                 images: Sequence[Sequence[str]] = (), image_token: str | None = None) -> list[dict]:
     """Records of ``n`` rows of a training batch, chosen by :func:`pick_rows`.
 
     ``data`` is the step's ``[B, S]`` batch (groups concatenated, ``group_sizes`` rows each);
     ``advantages`` and ``adv_mask`` are the advantage's ``[B, S]`` next-token aligned tensors (any
-    common alignment gives the same mean); ``prompt_ids`` the dataset row of each group.
+    common alignment gives the same mean); ``prompt_ids`` the dataset row of each group; ``images`` each
+    row's image names (empty: no row has images; see :func:`row_record`).
     """
     picked = pick_rows(group_sizes, n)
     if not picked:
@@ -122,7 +138,8 @@ def step_samples(tokenizer, data: Mapping[str, torch.Tensor], advantages: torch.
     out = []
     for j, (g, i) in enumerate(picked):
         head = {"prompt_id": prompt_ids[g] if prompt_ids is not None else None, "group": g, "index": i}
-        record = row_record(tokenizer, {k: v[j] for k, v in rows.items()}, mean_advantage(adv[j], amask[j]))
+        record = row_record(tokenizer, {k: v[j] for k, v in rows.items()}, mean_advantage(adv[j], amask[j]),
+                            images[int(idx[j])] if images else (), image_token)
         out.append({**head, **record})
     return out
 
@@ -152,11 +169,14 @@ def _indented(label: str, text: str) -> str:
     return f"  {label}" + text.rstrip("\n").replace("\n", "\n" + pad)
 
 
-def eval_example(tokenizer, group: Mapping[str, torch.Tensor], step: int, correct: bool | None = None) -> str:
+def eval_example(tokenizer, group: Mapping[str, torch.Tensor], step: int, correct: bool | None = None,
+                 images: Sequence[str] = (), image_token: str | None = None) -> str:
     """Console text of the first sample of an evaluation ``group`` (``[G, L]`` rows, ``rewards``
     ``[G]``): prompt, completion and reward, with the verifier's verdict when there is one (``correct``, as
-    ``eval/accuracy`` counts it; None: the run has no verifier, and no verdict is shown)."""
-    r = row_record(tokenizer, {k: group[k][0] for k in _ROW_KEYS if k in group})
+    ``eval/accuracy`` counts it; None: the run has no verifier, and no verdict is shown); its images' names."""
+    r = row_record(tokenizer, {k: group[k][0] for k in _ROW_KEYS if k in group}, images=images,
+                   image_token=image_token)
     verdict = "" if correct is None else " (correct)" if correct else " (wrong)"
-    return "\n".join([f"eval example at step {step}: reward {r['reward']:.3f}{verdict}",
-                      _indented("prompt:     ", r["prompt"]), _indented("completion: ", r["completion"])])
+    lines = [f"eval example at step {step}: reward {r['reward']:.3f}{verdict}"]
+    lines += [_indented("images:     ", ", ".join(images))] if images else []
+    return "\n".join([*lines, _indented("prompt:     ", r["prompt"]), _indented("completion: ", r["completion"])])

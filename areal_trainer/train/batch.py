@@ -23,8 +23,8 @@ from ..loss import PolicyLogprobs
 from ..rollout.rows import Rows, concat_rows
 from ..rollout.types import TrajectoryGroup, as_group
 
-_GROUPING = ("group_sizes", "prompt_ids", "episodes")
-"""The fields of :class:`TrainBatch` about its prompt groups (not row tensors)."""
+_GROUPING = ("group_sizes", "prompt_ids", "episodes", "vision")
+"""The fields of :class:`TrainBatch` that are not row tensors: its prompt groups, and its rows' images."""
 
 
 def _width(attention_mask: torch.Tensor) -> int:
@@ -36,6 +36,18 @@ def _cut(t: torch.Tensor | None, idx: torch.Tensor, width: int) -> torch.Tensor 
         return None
     t = t[idx]
     return t[:, :width] if t.dim() == 2 else t
+
+
+def _pick(vision: tuple, idx: torch.Tensor) -> tuple:
+    """The rows ``idx`` of a per-row tuple (empty stays empty: no row has images)."""
+    return tuple(vision[i] for i in idx.tolist()) if vision else ()
+
+
+def _vision(groups: Sequence[TrajectoryGroup]) -> tuple:
+    """Each row's images (None for a text row), or () when no group has any."""
+    if all(g.vision is None for g in groups):
+        return ()
+    return tuple(v for g in groups for v in (g.vision if g.vision is not None else (None,) * g.n_rows))
 
 
 def _episodes(groups: Sequence[TrajectoryGroup]) -> tuple:
@@ -54,11 +66,13 @@ class TrainBatch(Rows):
         prompt_ids: the dataset row of each prompt group (None where unknown).
         episodes: per prompt group, ``(rows of each episode, reward of each episode)`` when an episode
             may have several rows (agents), else None; empty when no group has them.
+        vision: each row's images (``model/vision.py``; None for a text row), empty when no row has any.
     """
 
     group_sizes: tuple[int, ...] = ()
     prompt_ids: tuple[int | None, ...] = ()
     episodes: tuple[tuple[tuple[int, ...], tuple[float, ...]] | None, ...] = ()
+    vision: tuple = ()
 
     @classmethod
     def from_groups(cls, groups: Sequence[TrajectoryGroup | Mapping[str, torch.Tensor]],
@@ -67,7 +81,7 @@ class TrainBatch(Rows):
         groups = [as_group(g) for g in groups]
         rows = concat_rows([g.rows for g in groups])
         return cls(**{k: v.to(device) for k, v in rows.as_dict().items()}, group_sizes=tuple(g.n_rows for g in groups),
-                   prompt_ids=tuple(g.prompt_id for g in groups), episodes=_episodes(groups))
+                   prompt_ids=tuple(g.prompt_id for g in groups), episodes=_episodes(groups), vision=_vision(groups))
 
     @property
     def lengths(self) -> list[int]:
@@ -77,7 +91,7 @@ class TrainBatch(Rows):
         """Rows ``idx`` (group sizes no longer apply to a selection and are dropped)."""
         w = _width(self.attention_mask[idx])
         cut = {f.name: _cut(getattr(self, f.name), idx, w) for f in fields(self) if f.name not in _GROUPING}
-        return TrainBatch(**cut, group_sizes=())
+        return TrainBatch(**cut, group_sizes=(), vision=_pick(self.vision, idx))
 
     def rollout_data(self, **forwards: torch.Tensor | None) -> Mapping[str, torch.Tensor]:
         """The read-only mapping the advantage reads (``AdvantageInputs.data``): the rollout tensors plus
@@ -96,6 +110,7 @@ class UpdateBatch:
         loss_mask: the advantage's aligned loss mask.
         advantages: per token.
         policies: behaviour and proximal log-probs and versions, as the loss takes them.
+        vision: each row's images (empty: no row has any).
     """
 
     input_ids: torch.Tensor
@@ -103,12 +118,13 @@ class UpdateBatch:
     loss_mask: torch.Tensor
     advantages: torch.Tensor
     policies: PolicyLogprobs
+    vision: tuple = ()
 
     def select(self, idx: torch.Tensor) -> UpdateBatch:
         w = _width(self.attention_mask[idx])
         pol = self.policies.rows(idx, w)
         return UpdateBatch(_cut(self.input_ids, idx, w), _cut(self.attention_mask, idx, w),
-                           _cut(self.loss_mask, idx, w), _cut(self.advantages, idx, w), pol)
+                           _cut(self.loss_mask, idx, w), _cut(self.advantages, idx, w), pol, _pick(self.vision, idx))
 
 
 @dataclass(frozen=True)
@@ -120,7 +136,10 @@ class CriticBatch:
     loss_mask: torch.Tensor
     old_values: torch.Tensor
     returns: torch.Tensor
+    vision: tuple = ()
+    """Each row's images (empty: no row has any)."""
 
     def select(self, idx: torch.Tensor) -> CriticBatch:
         w = _width(self.attention_mask[idx])
-        return CriticBatch(*(_cut(getattr(self, f.name), idx, w) for f in fields(self)))
+        return CriticBatch(*(_cut(getattr(self, f.name), idx, w) for f in fields(self) if f.name != "vision"),
+                           vision=_pick(self.vision, idx))

@@ -20,6 +20,7 @@ from .. import faults, fsdp
 from ..components import Components
 from ..errors import UserError
 from ..metrics import Mean, floats
+from ..model.vision import image_names
 from ..tracking import runlog
 from ..tracking.console import ProgressPostfix
 from ..tracking.health import HealthMonitor
@@ -83,7 +84,8 @@ def train(t: Trainer) -> dict[str, float]:
             if main and result.batch is not None:  # only the main process writes samples.jsonl
                 b, adv = result.batch, result.advantages
                 log.log_samples(t.step, step_samples(t.tokenizer, b.rollout_data(), adv.advantages, adv.loss_mask,
-                                                     b.group_sizes, cfg.stats_logger.samples_per_step, b.prompt_ids))
+                                                     b.group_sizes, cfg.stats_logger.samples_per_step, b.prompt_ids,
+                                                     image_names(b.vision), t.image_token))
             # No checkpoint while updates are being skipped as non-finite (but at the end): the newest one
             # then stays the last good state to resume from.
             if (_due(t, cfg.saver, last_save) or _due(t, cfg.recover, last_save)) and (
@@ -156,7 +158,9 @@ def evaluate_policy(t: Trainer) -> dict[str, float]:
     out = finish(floats(t.dist.reduce_metrics(out)))
     if t.dist.is_main and examples:  # tqdm.write keeps a running progress bar intact
         group, correct = examples[0]
-        tqdm.write(eval_example(t.tokenizer, group, t.step, correct=correct if "eval/accuracy" in out else None))
+        tqdm.write(eval_example(t.tokenizer, group, t.step, correct=correct if "eval/accuracy" in out else None,
+                                images=(image_names(getattr(group, "vision", None) or ()) or [()])[0],
+                                image_token=t.image_token))
     return out
 
 

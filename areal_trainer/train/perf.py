@@ -42,6 +42,8 @@ class ModelShape:
     @staticmethod
     def of(model) -> ModelShape:
         config = getattr(model, "config", None)
+        if callable(getattr(config, "get_text_config", None)):  # a VLM's attention cost is its language model's
+            config = config.get_text_config()
         params = sum(p.numel() for p in model.parameters())
         return ModelShape(params, int(getattr(config, "num_hidden_layers", 0) or 0),
                           int(getattr(config, "hidden_size", 0) or 0))

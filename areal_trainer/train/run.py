@@ -32,8 +32,9 @@ from ..dist import init_distributed
 from ..errors import UserError
 from ..metrics import Mean, Metric, Sum, floats
 from ..model.limits import RowLimit
-from ..model.load import load_positions, load_tokenizer, resolve_device
+from ..model.load import load_positions, load_processor, load_tokenizer, resolve_device
 from ..model.prefix import resolve_tree_training
+from ..model.vision import VisionEncoder
 from .models.build import build_critic, build_ref, check_critic_lora, ref_is_base
 from .models.critic import CriticModel
 from .models.policy import PolicyModel, ReferenceModel
@@ -51,6 +52,28 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+def check_image_support(components: Components, *sample_sets: list[dict] | None) -> None:
+    """Image prompts need a rollout backend that samples with images (``EngineSpec.takes_images``) and no feature
+    that cannot show the images to its model yet; checked before any weights load."""
+    cfg = components.config
+    first = next((s for samples in sample_sets for s in samples or () if s.get("vision") is not None
+                  and s["vision"].refs), None)
+    if first is None:
+        return
+    where = f"{first['row']} has images"
+    if not components.rollout.engine.takes_images:
+        raise UserError(f"rollout.backend={cfg.rollout.backend!r}: {where}, and this backend samples text prompts "
+                        "only. Use rollout.backend=hf for image prompts (docs/vlm.md).")
+    if not getattr(components.rollout.workflow, "takes_images", False):
+        what = (f"rollout.agent={cfg.rollout.agent!r}: agents" if cfg.rollout.agent is not None else
+                f"rollout.workflow={cfg.rollout.workflow!r}: this workflow")
+        raise UserError(f"{what} sample text prompts only, and {where}. Use the single-turn workflow for image "
+                        "prompts (a workflow class that handles images sets takes_images = True; docs/vlm.md).")
+    if components.distill is not None:
+        raise UserError(f"teacher: {where}, and the teachers of on-policy distillation score text rows only. Remove "
+                        "the teacher section, or the image rows (docs/vlm.md).")
 
 
 class Trainer:
@@ -74,15 +97,19 @@ class Trainer:
         self.tokenizer = load_tokenizer(cfg.tokenizer_path or cfg.actor.path,
                                         key="tokenizer_path" if cfg.tokenizer_path else "actor.path")
         positions = load_positions(cfg.actor.path, tokenizer=self.tokenizer)  # from the config: no weights yet
+        self.processor = load_processor(cfg.actor.path, tokenizer=self.tokenizer)  # None for a text-only model
+        vision = None if self.processor is None else VisionEncoder(self.processor, self.tokenizer)
+        self.image_token = None if vision is None else self.tokenizer.convert_ids_to_tokens(vision.image_token_id)
         env = components.environment  # an environment gives the rows (environment.type)
         self.train_samples = build_samples(cfg.train_dataset, self.tokenizer, "train_dataset",
-                                           RowLimit.of(cfg.gconfig, "gconfig", positions),
+                                           RowLimit.of(cfg.gconfig, "gconfig", positions), vision, cfg.actor.path,
                                            rows=None if env is None else env.rows("train"))
         check_fits_batch(self.train_samples, cfg.train_dataset, "train_dataset", self.dist.world_size)
         valid = components.valid_dataset
         self.valid_samples = None if valid is None else build_samples(
-            valid, self.tokenizer, "valid_dataset", RowLimit.of(cfg.eval_gconfig, "eval_gconfig", positions),
-            rows=None if env is None else env.rows("eval"))
+            valid, self.tokenizer, "valid_dataset", RowLimit.of(cfg.eval_gconfig, "eval_gconfig", positions), vision,
+            cfg.actor.path, rows=None if env is None else env.rows("eval"))
+        check_image_support(components, self.train_samples, self.valid_samples)
         distill = components.distill
         if distill is not None:  # the teachers' vocabularies and routes, before any weights load
             check_teachers(distill, self.tokenizer,
@@ -259,9 +286,9 @@ class Trainer:
         weights = {k: fsdp.full_state_dict(m) for k, m in sharded.items() if fsdp.is_sharded(m)}
         if not self.dist.is_main:
             return ""
-        return ckpt.save_checkpoint(self.run_dir, self.step, models=models, tokenizer=self.tokenizer,
+        return ckpt.save_checkpoint(self.run_dir, self.step, models=models, tokenizer=self.processor or self.tokenizer,
                                     state={**state, "rng": rng}, keep_last=self.cfg.saver.keep_last, weights=weights,
                                     settings=settings_of(self.cfg), start_norm=self.start_norm)
 
 
-__all__ = ["Trainer", "seed_everything"]
+__all__ = ["Trainer", "check_image_support", "seed_everything"]

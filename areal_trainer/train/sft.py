@@ -21,27 +21,23 @@ so their warm start teaches the calculator conversation; every other run trains 
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import shutil
-import sys
 import time
 from dataclasses import dataclass, field
 
 import torch
 from tqdm.auto import tqdm
 
-from .. import faults
 from ..config.schema import SFTWarmupConfig
 from ..data.datasets import demonstration
 from ..errors import ConfigError, UserError
 from ..model.builtin import has_tools, is_builtin
-from ..model.chat import prompt_ids
+from ..model.vision import prompt_inputs
 from ..rollout.rows import Segment, make_row, stack_rows
 from .models.logprobs import forward_logprobs
 from .models.optim import lr_factor
-from .state import manifest
+from .sft_cache import cache_root, kernel_identity, load_cached, store_cached, warmstart_key
+
+__all__ = ["cache_root", "kernel_identity", "load_cached", "store_cached", "warm_start", "warmstart_key"]
 
 DEFAULT_SFT_STEPS = 300
 """Warm-start steps for built-in (randomly initialised) models when ``sft_warmup.steps`` is null."""
@@ -159,23 +155,35 @@ def plan_warm_start(samples: list[dict], cfg, key: str = "train_dataset") -> War
 def sft_batch(samples: list[dict], tokenizer) -> dict[str, torch.Tensor]:
     """Prompt + reference answer + EOS rows; ``loss_mask`` marks the answer tokens (a demonstration
     conversation: its assistant turns, see the module docstring)."""
-    rows = []
+    return stack_rows(sft_rows(samples, tokenizer)[0])
+
+
+def sft_rows(samples: list[dict], tokenizer) -> tuple[list[dict[str, torch.Tensor]], list]:
+    """The rows of :func:`sft_batch`, unstacked, and each row's images (``model/vision.py``; None for a text row):
+    an image prompt is trained on with its images, as RL samples it."""
+    rows, vision = [], []
     for s in samples:
+        if s.get("vision") is not None and s["vision"].refs and s["fields"].get("demonstration_messages") is not None:
+            raise UserError(f"sft_warmup: {s['row']} has images and a 'demonstration_messages' conversation; the warm "
+                            "start trains image rows on a text demonstration or answer only. Drop the conversation "
+                            "column for image rows, or set sft_warmup.steps=0.")
         conversation = s["fields"].get("demonstration_messages")
         if conversation is not None:
             if (problem := _conversation_problem(s)) is not None:
                 raise UserError(problem)
             rows.append(make_row(conversation_segments(tokenizer, s["messages"] + conversation,
                                                        s["fields"].get("demonstration_tools"))))
+            vision.append(None)
             continue
         target = demonstration(s)
         if not isinstance(target, str):
             raise UserError(f"sft_warmup: {s['row']} has no reference answer to imitate (train_dataset.answer_key, "
                             "or a 'demonstration' column); set sft_warmup.steps=0 for data without answers.")
         answer = tokenizer(target, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
-        rows.append(make_row([Segment(prompt_ids(tokenizer, s["messages"])),
-                              Segment(answer, True, [0.0] * len(answer), [0] * len(answer), 0)]))
-    return stack_rows(rows)
+        prompt, images = prompt_inputs(tokenizer, s)
+        rows.append(make_row([Segment(prompt), Segment(answer, True, [0.0] * len(answer), [0] * len(answer), 0)]))
+        vision.append(images)
+    return rows, vision
 
 
 def sft_warmup(model, tokenizer, samples: list[dict], cfg: SFTWarmupConfig, *, steps: int, seed: int,
@@ -193,9 +201,10 @@ def sft_warmup(model, tokenizer, samples: list[dict], cfg: SFTWarmupConfig, *, s
     bar = tqdm(range(steps), desc="SFT warm start", disable=not progress, dynamic_ncols=True)
     for _ in bar:
         idx = torch.randint(len(samples), (cfg.batch_size,), generator=gen).tolist()
-        batch = {k: v.to(device) for k, v in sft_batch([samples[i] for i in idx], tokenizer).items()}
+        rows, vision = sft_rows([samples[i] for i in idx], tokenizer)
+        batch = {k: v.to(device) for k, v in stack_rows(rows).items()}
         logp, _ = forward_logprobs(model, batch["input_ids"], batch["attention_mask"], temperature=1.0,
-                                   autocast_dtype=autocast_dtype)
+                                   autocast_dtype=autocast_dtype, vision=vision)
         mask = torch.roll(batch["loss_mask"], -1, dims=1)  # position t predicts token t+1
         mask[:, -1] = 0
         loss = -(logp * mask).sum() / mask.sum().clamp(min=1)
@@ -207,100 +216,6 @@ def sft_warmup(model, tokenizer, samples: list[dict], cfg: SFTWarmupConfig, *, s
         losses.append(float(loss.detach()))
         bar.set_postfix(loss=f"{losses[-1]:.3f}")
     return losses
-
-
-def cache_root() -> str:
-    return os.environ.get("AREAL_TRAINER_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "areal_trainer"))
-
-
-def warmstart_key(parts: dict) -> str:
-    """A key for the warm-start cache: the settings plus the source of every module that shapes the
-    result (the task generator, the built-in model and tokenizer, the training forward, this file),
-    so edits invalidate it."""
-    from ..data import arith
-    from ..model import builtin, packing
-    from .models import logprobs
-
-    h = hashlib.sha256(json.dumps({**parts, "kernels": kernel_identity()}, sort_keys=True, default=str).encode())
-    for path in (arith.__file__, builtin.__file__, builtin.VOCAB_FILE, logprobs.__file__, packing.__file__, __file__):
-        with open(path, "rb") as f:
-            h.update(f.read())
-    h.update(torch.__version__.encode())
-    return h.hexdigest()[:24]
-
-
-def kernel_identity() -> dict:
-    """What decides the float kernels' summation order, and so the warm start's last bits: the CPU kernels
-    torch dispatches to (``ATEN_CPU_CAPABILITY`` included), the intra-op thread count, and the GPU model.
-    A warm start computed under other kernels is another warm start (runs diverge from there), so it is
-    never reused for these."""
-    out = {"cpu": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads()}
-    if torch.cuda.is_available():
-        out["gpu"] = torch.cuda.get_device_name()
-    return out
-
-
-def load_cached(model, key: str) -> dict | None:
-    """Load a cached warm start into ``model``; returns its recorded metrics, or None if absent. A damaged
-    entry (its files differ from its manifest, or do not load) is removed with a warning: it is recomputed."""
-    path = os.path.join(cache_root(), "warmstart", key)
-    if not os.path.isfile(os.path.join(path, "metrics.json")):
-        return None
-    wrong = manifest.problem(path)
-    if wrong is None:
-        try:
-            state = torch.load(os.path.join(path, "model.pt"), weights_only=True)
-            with open(os.path.join(path, "metrics.json")) as f:
-                metrics = json.load(f)
-            model.load_state_dict(state)
-            return metrics
-        except (OSError, RuntimeError, ValueError, EOFError) as e:  # torch reports a bad file as any of these
-            wrong = f"it does not load ({type(e).__name__}: {' '.join(str(e).split())[:160]})"
-    print(f"warning: the cached warm start {path} is damaged: {wrong}; removing it and computing the warm start "
-          "again.", flush=True)
-    shutil.rmtree(path, ignore_errors=True)
-    return None
-
-
-def store_cached(model, key: str, metrics: dict) -> None:
-    """Write the warm start atomically: the weights and a manifest, metrics.json last, then rename. A cache
-    that cannot be written (a full disk, no permission) costs only the cache: one warning line naming the
-    path, the free space and the size needed, and the run goes on."""
-    root = os.path.join(cache_root(), "warmstart")
-    tmp = os.path.join(root, f".tmp-{key}-{os.getpid()}")
-    try:
-        os.makedirs(tmp, exist_ok=True)
-        torch.save(model.state_dict(), os.path.join(tmp, "model.pt"))
-        manifest.write(tmp)
-        faults.point("warmstart.before_marker")
-        with open(os.path.join(tmp, "metrics.json"), "w") as f:
-            json.dump(metrics, f)
-    except (OSError, RuntimeError) as e:  # torch.save reports a full disk as a RuntimeError
-        shutil.rmtree(tmp, ignore_errors=True)
-        print(f"warning: {_cache_failure(root, model, e)}", file=sys.stderr, flush=True)
-        return
-    final = os.path.join(root, key)
-    try:
-        os.rename(tmp, final)
-    except OSError:  # another process stored the same warm start first
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _cache_failure(root: str, model, err: BaseException) -> str:
-    """One line: why the warm start could not be cached, the free space and what it needs."""
-    need = _bytes(sum(t.numel() * t.element_size() for t in model.state_dict().values()))
-    try:
-        free = _bytes(shutil.disk_usage(root if os.path.isdir(root) else cache_root()).free)
-    except OSError:
-        free = "unknown"
-    why = " ".join(str(err).split())[:200] or type(err).__name__
-    return (f"cannot store the warm start in the cache {root}: {type(err).__name__}: {why}. Free space there: "
-            f"{free}; it needs about {need}. The run goes on without it (the next run trains its "
-            "warm start again); free some space or point AREAL_TRAINER_CACHE elsewhere.")
-
-
-def _bytes(n: int) -> str:
-    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
 
 
 def warm_start(model, tokenizer, samples: list[dict], cfg, *, device: torch.device, autocast_dtype=None,

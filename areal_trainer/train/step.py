@@ -92,14 +92,16 @@ def train_step(ctx: StepContext, version: int) -> StepResult:
         ctx.critic is not None and ctx.critic.share) or (ctx.reference is not None and ctx.reference.share) or (
         ctx.teachers is not None and ctx.teachers.any_share) else None
     logps = policies.prepare(ctx.plan, batch.logprobs, batch.versions,
-                             lambda: ctx.policy.logprobs(batch.input_ids, batch.attention_mask, groups))
-    ref_logp = None if ctx.reference is None else ctx.reference.logprobs(batch.input_ids, batch.attention_mask, groups)
+                             lambda: ctx.policy.logprobs(batch.input_ids, batch.attention_mask, groups, batch.vision))
+    ref_logp = None if ctx.reference is None else ctx.reference.logprobs(batch.input_ids, batch.attention_mask, groups,
+                                                                         batch.vision)
     teacher = None
     if ctx.teachers is not None:  # the teachers score exactly the rows this step trains on
         t_teacher = time.time()
         teacher, teacher_metrics = ctx.teachers.score(batch, groups, step=version + 1)
         metrics.update({**teacher_metrics, "time/teacher": Mean(time.time() - t_teacher)})
-    values = None if ctx.critic is None else ctx.critic.values(batch.input_ids, batch.attention_mask, groups)
+    values = None if ctx.critic is None else ctx.critic.values(batch.input_ids, batch.attention_mask, groups,
+                                                               batch.vision)
     t2 = time.time()
     adv = advantages(ctx, AdvantageInputs(
         data=batch.rollout_data(ref_logp=ref_logp, values=values), config=ctx.actor_config,
@@ -109,13 +111,14 @@ def train_step(ctx: StepContext, version: int) -> StepResult:
     t3 = time.time()
     update = ctx.policy.update(
         UpdateBatch(batch.input_ids, batch.attention_mask, adv.loss_mask, adv.advantages,
-                    policies.for_loss(ctx.plan, logps, adv, version, teacher)),
+                    policies.for_loss(ctx.plan, logps, adv, version, teacher), batch.vision),
         groups, loss_fn=ctx.loss, version=version, n_minibatches=min(ctx.n_minibatches, rows),
         all_reduce=ctx.dist.sum_fn(), sync_grads=ctx.dist.gradient_sync())
     metrics.update(update.metrics)
     if ctx.critic is not None:
         metrics.update(ctx.critic.update(
-            CriticBatch(batch.input_ids, batch.attention_mask, adv.loss_mask, values, adv.returns), groups,
+            CriticBatch(batch.input_ids, batch.attention_mask, adv.loss_mask, values, adv.returns, batch.vision),
+            groups,
             n_minibatches=min(ctx.critic_minibatches, rows), all_reduce=ctx.dist.sum_fn(),
             sync_grads=ctx.dist.gradient_sync()).metrics)
     metrics.update(policies.policy_metrics(logps, adv.loss_mask, version, ctx.max_staleness))

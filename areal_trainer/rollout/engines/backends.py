@@ -30,6 +30,8 @@ class EngineSpec:
         extra_kwargs_key: the config key of extra constructor arguments (``rollout.vllm_kwargs``), or "".
         servers: the engine samples on inference server processes (``rollout/servers/``): its ``make`` also takes
             the run directory (``work_dir``) and the process group (``dist``).
+        takes_images: its ``generate`` takes each prompt's images (``vision=``, ``model/vision.py``), so it can
+            sample from an image-text-to-text model on image prompts (docs/vlm.md).
     """
 
     make: Callable[..., Any]
@@ -38,6 +40,7 @@ class EngineSpec:
     can_switch_mid_call: bool
     extra_kwargs_key: str = ""
     servers: bool = False
+    takes_images: bool = False
 
 
 def _make_hf(model, tokenizer, *, device, autocast_dtype, seed, dtype, batch_size, interruptible, share_prefill,
@@ -60,7 +63,8 @@ def _make_vllm(model, tokenizer, *, device, autocast_dtype, seed, dtype, batch_s
 
 
 ENGINES: dict[str, EngineSpec] = {
-    "hf": EngineSpec(_make_hf, holds_own_weights=False, supports_fsdp=True, can_switch_mid_call=True),
+    "hf": EngineSpec(_make_hf, holds_own_weights=False, supports_fsdp=True, can_switch_mid_call=True,
+                     takes_images=True),
     "vllm": EngineSpec(_make_vllm, holds_own_weights=True, supports_fsdp=False, can_switch_mid_call=False,
                        extra_kwargs_key="rollout.vllm_kwargs"),
 }

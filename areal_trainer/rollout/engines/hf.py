@@ -24,6 +24,11 @@ rollout) holds a stop string: a stopping criterion checks the new tokens after e
 answer is then cut after the token that completes the stop string (``stops.py``), as a stop token ends
 it. Without stop strings no criterion is added, and the calls are exactly those made before.
 
+Images. An image-text-to-text model's prompts come with their processed images (``vision``: one
+``model/vision.py`` ``VisionInput`` per prompt, None for a text prompt; the samples of one prompt share one
+object). Each call passes the images of its rows in row order; the shared prefill computes a prompt's images
+once with its tokens, and only rows with the same tokens and the same images share it.
+
 Per-token behaviour log-probabilities are those of the temperature-scaled distribution the token
 was sampled from (after processors such as ``min_new_tokens``, before top-k/top-p truncation),
 recorded one step at a time so no ``[tokens, vocab]`` tensor is ever kept.
@@ -41,9 +46,11 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 from transformers.cache_utils import DynamicCache
 
+from ...model.vision import VisionInput, collate, has_images, token_types, uses_3d_positions
 from ..limits import new_token_caps, positions_of
 from ..types import Generation
-from .stops import may_have_stopped, stop_at, stop_strings
+from .stops import StopStrings as _StopStrings
+from .stops import stop_at, stop_strings
 from .weights import GenerationAborted, WeightGate, copy_weights, rollout_copy, snapshot
 
 __all__ = ["Generation", "GenerationAborted", "HFEngine", "copy_weights", "rollout_copy", "snapshot"]
@@ -84,41 +91,6 @@ class _StopEarly(StoppingCriteria):
         stop = self.engine.gate.pending() or (
             self.limit is not None and input_ids.shape[1] - self.prompt_width >= self.limit)
         return torch.full((input_ids.shape[0],), stop, dtype=torch.bool, device=input_ids.device)
-
-
-class _StopStrings(StoppingCriteria):
-    """Ends each row once its answer holds one of ``gconfig.stop`` (``stops.py``). A row's answer is its
-    tokens of earlier segments (``before``) plus this call's new tokens, so a stop string may straddle two
-    segments of a partial rollout. Rows already ended by a stop token, or past their cap (their tokens
-    are cut anyway), are not checked again."""
-
-    def __init__(self, tokenizer, stops: tuple[str, ...], before: list[list[int]], caps: list[int],
-                 prompt_width: int, stop_ids: set[int], min_tokens: int):
-        self.tokenizer, self.stops, self.stop_ids, self.min_tokens = tokenizer, stops, stop_ids, min_tokens
-        self.answers = [list(b) for b in before]
-        self.segment_start = [len(b) for b in before]
-        self.caps, self.seen = caps, prompt_width
-        self.active = [len(b) < c for b, c in zip(before, caps)]
-        self.stopped = [False] * len(before)
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
-        new = input_ids[:, self.seen:].tolist()
-        self.seen = input_ids.shape[1]
-        rows, new_from = [], []
-        for r, toks in enumerate(new):
-            if not self.active[r]:
-                continue
-            new_from.append(len(self.answers[r]))
-            self.answers[r] += toks
-            rows.append(r)
-            if any(t in self.stop_ids for t in toks) or len(self.answers[r]) >= self.caps[r]:
-                self.active[r] = False  # ended by a stop token (then padded), or cut at its cap: checked after the call
-        maybe = may_have_stopped(self.tokenizer, [self.answers[r] for r in rows], new_from, self.stops)
-        for r, m in zip(rows, maybe):
-            if m and stop_at(self.tokenizer, self.answers[r], self.stops, min_tokens=self.min_tokens,
-                             checked=self.segment_start[r]) is not None:
-                self.stopped[r], self.active[r] = True, False
-        return torch.tensor(self.stopped, dtype=torch.bool, device=input_ids.device)
 
 
 @dataclass
@@ -192,17 +164,21 @@ class HFEngine:
         return sorted({i for i in ids if i is not None})
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], gconfig: Any) -> list[Generation]:
+    def generate(self, prompts: list[list[int]], gconfig: Any,
+                 vision: list[VisionInput | None] | None = None) -> list[Generation]:
         """Sample one answer per prompt (repeat a prompt to sample it several times), each of at most
-        ``min(gconfig.max_new_tokens, limit - its prompt tokens)`` tokens (``limits.new_token_caps``)."""
+        ``min(gconfig.max_new_tokens, limit - its prompt tokens)`` tokens (``limits.new_token_caps``).
+        ``vision``: each prompt's images (None: a text prompt; see the module docstring)."""
         caps = new_token_caps([len(p) for p in prompts], gconfig, self.max_positions)
+        vision = vision if has_images(vision) else None
         out: dict[int, Generation] = {}
         try:
             for rows in self._call_groups(prompts, caps, gconfig):
                 step = self.batch_size or len(rows) or 1
                 for i in range(0, len(rows), step):
                     chunk = rows[i:i + step]
-                    gens = self._generate_chunk([prompts[r] for r in chunk], [caps[r] for r in chunk], gconfig)
+                    gens = self._generate_chunk([prompts[r] for r in chunk], [caps[r] for r in chunk], gconfig,
+                                                None if vision is None else [vision[r] for r in chunk])
                     out.update(zip(chunk, gens))
         finally:
             self._switch = None
@@ -226,7 +202,8 @@ class HFEngine:
                 shared.append(i)
         return [rows for rows in (shared, *apart.values()) if rows]
 
-    def _generate_chunk(self, prompts: list[list[int]], caps: list[int], g: Any) -> list[Generation]:
+    def _generate_chunk(self, prompts: list[list[int]], caps: list[int], g: Any,
+                        vision: list[VisionInput | None] | None = None) -> list[Generation]:
         """Segments of ``generate`` until every answer is finished (a stop token, a stop string of
         ``gconfig.stop``, or ``caps[i]`` tokens);
         between two segments a weight update (pending or scheduled) is loaded. Unfinished rows have the
@@ -246,7 +223,8 @@ class HFEngine:
             with self.gate.generating() as version:
                 new, new_logps = self._sample([list(prompts[i]) + ids[i] for i in todo], g, n_done, limit,
                                               max(caps[i] for i in todo),
-                                              ([ids[i] for i in todo], [caps[i] for i in todo]) if strings else None)
+                                              ([ids[i] for i in todo], [caps[i] for i in todo]) if strings else None,
+                                              None if vision is None else [vision[i] for i in todo])
             for r, i in enumerate(todo):
                 room = caps[i] - n_done  # a row of a smaller cap than the call's is cut at its own
                 toks, lps = new[r][:room], new_logps[r][:room]
@@ -275,11 +253,12 @@ class HFEngine:
                 for i in range(len(prompts))]
 
     def _sample(self, prompts: list[list[int]], g: Any, n_done: int, limit: int | None, most: int,
-                answers: tuple[list[list[int]], list[int]] | None = None) -> tuple[list[list[int]], list[list[float]]]:
+                answers: tuple[list[list[int]], list[int]] | None = None,
+                vision: list[VisionInput | None] | None = None) -> tuple[list[list[int]], list[list[float]]]:
         """One ``generate`` call continuing answers that have ``n_done`` tokens, up to ``most`` tokens in
         all; it stops early (for every row) when a weight update is pending or after ``limit`` new tokens.
         ``answers``: with stop strings, each row's answer so far and cap; a row then ends (and is padded)
-        once its answer holds a stop string."""
+        once its answer holds a stop string. ``vision``: each row's images."""
         pad = self.tokenizer.pad_token_id
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), pad, dtype=torch.long)
@@ -310,21 +289,36 @@ class HFEngine:
         ctx = torch.autocast(self.device.type, self.autocast_dtype) if self.autocast_dtype else contextlib.nullcontext()
         with ctx, self._stream():  # results are read back on the stream that made them
             ids, mask = ids.to(self.device), mask.to(self.device)
-            if self.share_prefill:
-                kwargs.update(self._shared_prefill(ids, mask))
+            prefilled = self._shared_prefill(ids, mask, vision) if self.share_prefill else {}
+            kwargs.update(prefilled)
+            if vision is not None and not prefilled:  # a prefilled cache holds the images already
+                kwargs.update(self._pixels(vision), **token_types(self.model, ids))
             seqs = self.model.generate(input_ids=ids, attention_mask=mask, **kwargs)
             new = seqs[:, width:].cpu()
             recorded = recorder.finish(seqs[:, -1]).cpu()
         self.model.train(was_training)
         return new.tolist(), recorded.tolist()
 
-    def _shared_prefill(self, ids: torch.Tensor, mask: torch.Tensor) -> dict:
+    def _pixels(self, vision: list[VisionInput | None]) -> dict:
+        """The model's image tensors of rows with ``vision``, in row order, on the engine's device."""
+        param = next(self.model.parameters())
+        return collate(vision, self.device, param.dtype)
+
+    def _shared_prefill(self, ids: torch.Tensor, mask: torch.Tensor,
+                        vision: list[VisionInput | None] | None = None) -> dict:
         """``{"past_key_values": cache}`` of the left-padded rows ``ids`` ``[R, W]`` without their last
-        column, computed once per distinct row and expanded to all ``R``; ``{}`` when every row is
-        distinct or there is nothing to prefill. ``generate`` then runs only the last prompt token."""
-        if ids.shape[1] < 2:
-            return {}
-        distinct, inverse = torch.unique(ids, dim=0, return_inverse=True)
+        column, computed once per distinct row (its tokens and its images) and expanded to all ``R``; ``{}``
+        when every row is distinct or there is nothing to prefill. ``generate`` then runs only the last
+        prompt token."""
+        if ids.shape[1] < 2 or vision is not None and uses_3d_positions(self.model):
+            return {}  # 3-D positions (Qwen-VL) are the model's own to compute from the whole prompt
+        keyed = ids
+        if vision is not None:  # rows with the same tokens but other images are distinct
+            owners: dict[int, int] = {}
+            which = [owners.setdefault(id(v), len(owners)) for v in vision]
+            keyed = torch.cat([ids, torch.tensor(which, device=ids.device)[:, None]], dim=1)
+        distinct, inverse = torch.unique(keyed, dim=0, return_inverse=True)
+        distinct = distinct[:, : ids.shape[1]]
         if distinct.shape[0] == ids.shape[0]:
             return {}
         first = torch.full((distinct.shape[0],), ids.shape[0], dtype=torch.long, device=ids.device)
@@ -335,7 +329,8 @@ class HFEngine:
         cache = DynamicCache(config=self.model.config)
         # The cache argument is `cache` in recent transformers, `past_key_values` before.
         name = "cache" if "cache" in inspect.signature(type(self.model).forward).parameters else "past_key_values"
+        pixels = self._pixels([vision[i] for i in first.tolist()]) if vision is not None else {}
         self.model(input_ids=distinct[:, :-1], attention_mask=u_mask, position_ids=positions, use_cache=True,
-                   **{name: cache})
+                   **{name: cache}, **pixels)
         cache.batch_select_indices(inverse)
         return {name: cache}

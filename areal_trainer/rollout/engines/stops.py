@@ -32,6 +32,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+from transformers import StoppingCriteria
+
 __all__ = ["may_have_stopped", "stop_at", "stop_strings", "text_of"]
 
 
@@ -107,3 +110,38 @@ def may_have_stopped(tokenizer: Any, answers: Sequence[Sequence[int]], new_from:
                 wider.append(i)
         todo = wider
     return result
+
+
+class StopStrings(StoppingCriteria):
+    """Ends each row once its answer holds one of ``gconfig.stop`` (``stops.py``). A row's answer is its
+    tokens of earlier segments (``before``) plus this call's new tokens, so a stop string may straddle two
+    segments of a partial rollout. Rows already ended by a stop token, or past their cap (their tokens
+    are cut anyway), are not checked again."""
+
+    def __init__(self, tokenizer, stops: tuple[str, ...], before: list[list[int]], caps: list[int],
+                 prompt_width: int, stop_ids: set[int], min_tokens: int):
+        self.tokenizer, self.stops, self.stop_ids, self.min_tokens = tokenizer, stops, stop_ids, min_tokens
+        self.answers = [list(b) for b in before]
+        self.segment_start = [len(b) for b in before]
+        self.caps, self.seen = caps, prompt_width
+        self.active = [len(b) < c for b, c in zip(before, caps)]
+        self.stopped = [False] * len(before)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
+        new = input_ids[:, self.seen:].tolist()
+        self.seen = input_ids.shape[1]
+        rows, new_from = [], []
+        for r, toks in enumerate(new):
+            if not self.active[r]:
+                continue
+            new_from.append(len(self.answers[r]))
+            self.answers[r] += toks
+            rows.append(r)
+            if any(t in self.stop_ids for t in toks) or len(self.answers[r]) >= self.caps[r]:
+                self.active[r] = False  # ended by a stop token (then padded), or cut at its cap: checked after the call
+        maybe = may_have_stopped(self.tokenizer, [self.answers[r] for r in rows], new_from, self.stops)
+        for r, m in zip(rows, maybe):
+            if m and stop_at(self.tokenizer, self.answers[r], self.stops, min_tokens=self.min_tokens,
+                             checked=self.segment_start[r]) is not None:
+                self.stopped[r], self.active[r] = True, False
+        return torch.tensor(self.stopped, dtype=torch.bool, device=input_ids.device)

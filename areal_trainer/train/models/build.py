@@ -28,6 +28,7 @@ from ...fsdp import is_sharded
 from ...model import lora
 from ...model.critic import HEAD_FILE, ValueModel
 from ...model.load import load_causal_lm, load_skeleton
+from ...model.vision import freeze_vision
 
 
 def _copy(actor: torch.nn.Module) -> torch.nn.Module:
@@ -97,6 +98,8 @@ def build_critic(cfg: TrainerConfig, actor: torch.nn.Module, tokenizer, device: 
         critic = ValueModel.from_causal_lm(lm)
     if c.gradient_checkpointing:
         critic.gradient_checkpointing_enable()
+    if c.freeze_vision:
+        freeze_vision(critic.backbone)
     critic = critic.to(device)
     if not c.use_lora:
         return critic, critic

@@ -38,8 +38,10 @@ class CriticModel:
         return [line] if line else []
 
     @torch.no_grad()
-    def values(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, groups: GroupPrefix | None):
-        """``[B, S]`` values of a batch, micro-batch by micro-batch (gathered under FSDP2)."""
+    def values(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, groups: GroupPrefix | None,
+               vision: tuple = ()):
+        """``[B, S]`` values of a batch, micro-batch by micro-batch (gathered under FSDP2); ``vision``: each
+        row's images."""
         prefix = groups if self.share else None
         out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
         lengths = attention_mask.sum(1).tolist()
@@ -48,7 +50,8 @@ class CriticModel:
                 idx = torch.tensor(rows, device=out.device)
                 width = max(lengths[r] for r in rows)
                 out[idx, :width] = self.model(input_ids[idx, :width], attention_mask[idx, :width], self.autocast,
-                                              prefix_sharing=prefix is not None)
+                                              prefix_sharing=prefix is not None,
+                                              vision=[vision[r] for r in rows] if vision else None)
         return out
 
     def update(self, batch: CriticBatch, groups: GroupPrefix | None, *, n_minibatches: int, all_reduce=None,
@@ -61,7 +64,8 @@ class CriticModel:
             return loss_normalizer(sub.loss_mask, "token-mean")
 
         def loss_of(sub: CriticBatch, normalizer: torch.Tensor):
-            values = self.model(sub.input_ids, sub.attention_mask, self.autocast, prefix_sharing=prefix is not None)
+            values = self.model(sub.input_ids, sub.attention_mask, self.autocast, prefix_sharing=prefix is not None,
+                                vision=sub.vision or None)
             return value_loss(values, sub.old_values, sub.returns, sub.loss_mask, self.cfg.eps_clip,
                               normalizer=normalizer)
 

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from ...model.packing import is_varlen, pack, packed_apply, real_token_hidden, use_packing
 from ...model.prefix import prefix_tree, tree_hidden
+from ...model.vision import has_images, vision_hidden, vision_logits
 
 CHUNK_ELEMENTS = 1 << 26
 """Default chunk budget: ``chunk_size x V`` float32 logits of at most 256 MiB (441 tokens at V=152k)."""
@@ -223,9 +224,12 @@ def _full_logits_outputs(model, input_ids, attention_mask, use_pack: bool, max_p
 def forward_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, temperature: float,
                      with_entropy: bool = False, chunk_size: int | None = None,
                      autocast_dtype: torch.dtype | None = None, packing: bool | None = None,
-                     max_pack_tokens: int | None = None, prefix_sharing: bool = False
+                     max_pack_tokens: int | None = None, prefix_sharing: bool = False, vision=None
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """``[B, S]`` next-token-aligned log-probabilities and entropies (float32) of a right-padded batch.
+
+    ``vision``: each row's images (``model/vision.py``; None: text rows) for an image-text-to-text model;
+    rows with images are packed like text rows (their images in pack order), never prefix-shared.
 
     ``packing``: None = pack when the model supports it (probed once), True/False = force on/off.
     ``prefix_sharing``: compute rows' common prefixes once (``model/prefix.py``; the caller checks
@@ -240,9 +244,13 @@ def forward_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
     head = model.get_output_embeddings()
     special_head = getattr(model.config, "final_logit_softcapping", None) or getattr(model.config, "logit_scale", None)
     use_pack = use_packing(model.base_model, attention_mask, packing)
+    images = has_images(vision)
+    if images and prefix_sharing:
+        raise ValueError("rows with images are not computed with shared prefixes (the caller turns sharing off)")
     with ctx:
         if special_head or not isinstance(head, torch.nn.Linear):
-            logits = _full_logits_outputs(model, input_ids, attention_mask, use_pack, max_pack_tokens)
+            logits = (vision_logits(model, input_ids, attention_mask, vision) if images else
+                      _full_logits_outputs(model, input_ids, attention_mask, use_pack, max_pack_tokens))
             logits = logits[keep].float() / temperature
             lse = torch.logsumexp(logits, -1)
             lp = logits.gather(-1, labels[:, None]).squeeze(-1) - lse
@@ -253,8 +261,10 @@ def forward_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
                                               temperature=temperature, with_entropy=with_entropy,
                                               chunk_size=chunk_size, max_tree_tokens=max_pack_tokens)
         else:
-            hidden = real_token_hidden(model.base_model, input_ids, attention_mask, packing=use_pack,
-                                       max_pack_tokens=max_pack_tokens)
+            hidden = (vision_hidden(model.base_model, input_ids, attention_mask, vision, packing=use_pack,
+                                    max_pack_tokens=max_pack_tokens) if images else
+                      real_token_hidden(model.base_model, input_ids, attention_mask, packing=use_pack,
+                                        max_pack_tokens=max_pack_tokens))
             lp, ent = chunked_logprobs(hidden[keep], head.weight, head.bias, labels, temperature=temperature,
                                        with_entropy=with_entropy, chunk_size=chunk_size)
     logp = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)

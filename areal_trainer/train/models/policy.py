@@ -26,6 +26,7 @@ from ...loss import PolicyLossInputs, loss_normalizer
 from ...model import lora
 from ...model.load import autocast_dtype, load_causal_lm
 from ...model.prefix import GroupPrefix, resolve_tree_training
+from ...model.vision import freeze_vision
 from ..batch import UpdateBatch
 from ..state import manifest
 from . import optim
@@ -36,10 +37,11 @@ from .update import UpdateResult, micro_batches, optimizer_steps
 
 @torch.no_grad()
 def batched_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, temperature: float, mb_spec,
-                     autocast: torch.dtype | None, prefix: GroupPrefix | None) -> torch.Tensor:
+                     autocast: torch.dtype | None, prefix: GroupPrefix | None, vision: tuple = ()) -> torch.Tensor:
     """``[B, S]`` next-token log-probabilities under ``model``, micro-batch by micro-batch; with ``prefix``
-    (the batch's prompt groups) each micro-batch's common prefixes are computed once. A model sharded
-    with FSDP2 runs as many forwards on every process (``B`` may be 0 on some), each gathering its blocks."""
+    (the batch's prompt groups) each micro-batch's common prefixes are computed once; ``vision``: each row's
+    images (empty: none). A model sharded with FSDP2 runs as many forwards on every process (``B`` may be 0 on
+    some), each gathering its blocks."""
     out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
     lengths = attention_mask.sum(1).tolist()
     micros = micro_batches(list(range(len(lengths))), lengths, mb_spec, prefix) if lengths else []
@@ -49,7 +51,8 @@ def batched_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
         idx = torch.tensor(rows, device=out.device)
         width = max(lengths[r] for r in rows)
         logp, _ = forward_logprobs(model, input_ids[idx, :width], attention_mask[idx, :width], temperature=temperature,
-                                   autocast_dtype=autocast, prefix_sharing=prefix is not None)
+                                   autocast_dtype=autocast, prefix_sharing=prefix is not None,
+                                   vision=[vision[r] for r in rows] if vision else None)
         out[idx, : logp.shape[1]] = logp
     if n_pad:  # two-token forwards: keep the collectives in step, compute nothing used
         two = torch.ones((1, 2), dtype=torch.long, device=input_ids.device)
@@ -89,6 +92,8 @@ class PolicyModel:
         model = load_causal_lm(path, tokenizer=tokenizer, dtype=cfg.dtype, device=device, seed=seed,
                                init_from_scratch=cfg.init_from_scratch and path == cfg.path)
         base_changed = cfg.init_from_scratch
+        if cfg.freeze_vision:
+            freeze_vision(model)
         if adapter_dir:
             base_changed = lora.load_base_weights(model, adapter_dir, cfg.path)
         elif cfg.use_lora:
@@ -119,12 +124,14 @@ class PolicyModel:
         return [x for x in lines if x]
 
     # -- forwards ---------------------------------------------------------------------------------------
-    def logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, groups: GroupPrefix | None):
-        """``[B, S]`` log-probs of the current weights (no grad; gathered under FSDP2)."""
+    def logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, groups: GroupPrefix | None,
+                 vision: tuple = ()):
+        """``[B, S]`` log-probs of the current weights (no grad; gathered under FSDP2); ``vision``: each row's
+        images."""
         with fsdp.gathered(self.model):
             return batched_logprobs(self.model, input_ids, attention_mask, temperature=self.cfg.temperature,
                                     mb_spec=self.cfg.mb_spec, autocast=self.autocast,
-                                    prefix=groups if self.share else None)
+                                    prefix=groups if self.share else None, vision=vision)
 
     def update(self, batch: UpdateBatch, groups: GroupPrefix | None, *, loss_fn, version: int, n_minibatches: int,
                all_reduce=None, sync_grads=None) -> UpdateResult:
@@ -137,7 +144,7 @@ class PolicyModel:
         def loss_of(sub: UpdateBatch, normalizer: torch.Tensor):
             logp, entropy = forward_logprobs(self.model, sub.input_ids, sub.attention_mask, temperature=cfg.temperature,
                                              with_entropy=True, autocast_dtype=self.autocast,
-                                             prefix_sharing=prefix is not None)
+                                             prefix_sharing=prefix is not None, vision=sub.vision or None)
             inputs = PolicyLossInputs(logprobs=logp, policies=sub.policies, advantages=sub.advantages,
                                       loss_mask=sub.loss_mask, entropy=entropy)
             result = loss_fn(inputs, normalizer=normalizer)
@@ -204,8 +211,10 @@ class ReferenceModel:
         with self.policy.gathered(), lora.reference_policy(self.policy.peft) as ref:
             yield ref
 
-    def logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, groups: GroupPrefix | None):
+    def logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, groups: GroupPrefix | None,
+                 vision: tuple = ()):
         cfg = self.policy.cfg
         with self._module() as ref:
             return batched_logprobs(ref, input_ids, attention_mask, temperature=cfg.temperature, mb_spec=cfg.mb_spec,
-                                    autocast=self.policy.autocast, prefix=groups if self.share else None)
+                                    autocast=self.policy.autocast, prefix=groups if self.share else None,
+                                    vision=vision)

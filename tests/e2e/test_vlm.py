@@ -1,0 +1,128 @@
+"""Image-text-to-text models through the real command line, on the built-in tiny LLaVA (``builtin:tiny-vlm``) and
+generated pictures in TRL's vision layout (a ``.jsonl`` file with PNG files beside it): GRPO with full fine-tuning
+(the KL reference and evaluation seeing the images too) and with LoRA, PPO with a critic, each resuming from its
+step-1 checkpoint to repeat step 2 exactly; the checkpoint holds the processor; samples.jsonl names each row's
+images; FSDP2 with two processes; a bad image input stops the run with one line before any model loads."""
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+
+from areal_trainer.data import pictures
+
+from .helpers import cli, cli_env, comparable, step_records
+
+VLM = ["+scale=tiny", "actor.path=builtin:tiny-vlm", "allow_builtin_model_on_any_data=true", "saver.freq_steps=1",
+       "reward.fn=tests.plugins.picture_reward", "actor.optimizer.lr=1e-2"]
+
+
+def _data(tmp_path) -> list[str]:
+    train = pictures.write_rows(str(tmp_path / "data"), "train", 8, size=16)
+    test = pictures.write_rows(str(tmp_path / "data"), "test", 4, size=16)
+    return [f"train_dataset.path={train}", f"valid_dataset.path={test}"]
+
+
+def _finite_steps(run) -> dict[int, dict]:
+    full = step_records(run, "reward/task")
+    assert sorted(full) == [1, 2]
+    for record in full.values():
+        assert all(math.isfinite(v) for v in record.values() if isinstance(v, float)), record
+    return full
+
+
+def _resume_repeats_step_2(args, run, full, cwd) -> None:
+    shutil.rmtree(run / "checkpoints" / "step_2")
+    out = cli([*args, "recover.mode=auto"], cwd=cwd)
+    assert f"resuming from {run / 'checkpoints' / 'step_1'} (step 1 of 2)" in out.stdout
+    resumed = step_records(run, "reward/task")
+    assert comparable(resumed[2]) == comparable(full[2])
+
+
+def test_grpo_full_fine_tuning_with_a_kl_reference_and_exact_resume(tmp_path):
+    args = ["--config-name", "grpo", *VLM, *_data(tmp_path), "actor.kl_ctl=0.01", "+ref.path=${actor.path}",
+            "trial_name=full"]
+    out = cli(args, cwd=tmp_path)
+    run = tmp_path / "outputs" / "grpo" / "full"
+    full = _finite_steps(run)
+    assert full[1]["update/grad_norm"] > 0 and "eval/reward" in step_records(run, "eval/reward")[2]
+    # The recomputed log-probs (the same images, the training forward) equal the engine's.
+    assert full[1]["mismatch/abs_logp_diff/max"] < 1e-4
+    assert "images:     pictures/test-0.png" in out.stdout and "<image>×16What colour" in out.stdout
+    with open(run / "samples.jsonl") as f:
+        first = json.loads(f.readline())
+    assert first["images"][0].startswith("pictures/train-") and "<image>×16" in first["prompt"]
+    actor = run / "checkpoints" / "step_2" / "actor"
+    assert (actor / "processor_config.json").exists() and (actor / "chat_template.jinja").exists()
+    _resume_repeats_step_2(args, run, full, tmp_path)
+
+
+def test_grpo_with_lora_on_the_language_model_and_exact_resume(tmp_path):
+    args = ["--config-name", "grpo", *VLM, *_data(tmp_path), "actor.use_lora=true", "actor.lora_rank=8",
+            "trial_name=lora"]
+    out = cli(args, cwd=tmp_path)
+    assert "LoRA: " in out.stdout
+    run = tmp_path / "outputs" / "grpo" / "lora"
+    full = _finite_steps(run)
+    config = json.loads((run / "checkpoints" / "step_2" / "actor" / "adapter_config.json").read_text())
+    assert "language_model" in str(config["target_modules"])
+    _resume_repeats_step_2(args, run, full, tmp_path)
+
+
+def test_ppo_with_a_critic_on_image_rows_and_exact_resume(tmp_path):
+    args = ["--config-name", "ppo", *VLM, *_data(tmp_path), "trial_name=ppo"]
+    cli(args, cwd=tmp_path)
+    run = tmp_path / "outputs" / "ppo" / "ppo"
+    full = _finite_steps(run)
+    assert "critic/update/grad_norm" in full[1]
+    _resume_repeats_step_2(args, run, full, tmp_path)
+
+
+def test_fsdp_two_processes_train_on_image_rows(tmp_path):
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--use_fsdp", "--fsdp_version", "2",
+              "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    cmd = [*launch, "-m", "areal_trainer", "--config-name", "grpo", *VLM, *_data(tmp_path), "parallel.fsdp=true",
+           "train_dataset.batch_size=4", "trial_name=fsdp"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    steps = _finite_steps(tmp_path / "outputs" / "grpo" / "fsdp")
+    assert all(r["rollout/rows"] == 8 for r in steps.values())
+
+
+def test_a_missing_image_stops_the_run_with_one_line_before_any_model_loads(tmp_path):
+    data = _data(tmp_path)
+    (tmp_path / "data" / "pictures" / "train-3.png").unlink()
+    proc = cli(["--config-name", "grpo", *VLM, *data, "trial_name=bad"], cwd=tmp_path, check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    (line,) = [x for x in proc.stderr.splitlines() if "train-3.png" in x]
+    assert "line 4 of 'train.jsonl': image 'pictures/train-3.png' does not exist" in line
+    assert "train_dataset.bad_images=skip" in line
+    assert not (tmp_path / "outputs" / "grpo" / "bad" / "metrics.jsonl").exists()
+
+
+def test_image_rows_on_a_text_only_model_stop_the_run_before_any_model_loads(tmp_path):
+    proc = cli(["--config-name", "grpo", *VLM, *_data(tmp_path), "actor.path=builtin:tiny", "trial_name=text"],
+               cwd=tmp_path, check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "actor.path='builtin:tiny' is a text-only model (no vision tower, no image processor)" in proc.stderr
+
+
+def test_the_lagged_mode_samples_image_prompts_reproducibly(tmp_path):
+    """Lagging snapshots, switching inside answers: two runs with one seed give the same steps."""
+    args = ["--config-name", "grpo", *VLM, *_data(tmp_path), "rollout.max_head_offpolicyness=1",
+            "rollout.offpolicy_mode=lagged", "rollout.lagged_switch_prob=0.5", "saver.freq_steps=null"]
+    runs = []
+    for trial in ("a", "b"):
+        cli([*args, f"trial_name={trial}"], cwd=tmp_path)
+        runs.append(_finite_steps(tmp_path / "outputs" / "grpo" / trial))
+    assert [comparable(r) for r in runs[0].values()] == [comparable(r) for r in runs[1].values()]
+    assert max(r["actor/staleness/max"] for r in runs[0].values()) == 1
+
+
+def test_image_rows_with_an_agent_stop_the_run_before_any_model_loads(tmp_path):
+    proc = cli(["--config-name", "grpo", *VLM, *_data(tmp_path), "rollout.agent=tests.agents.simple.try_again",
+                "trial_name=agent"], cwd=tmp_path, check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "rollout.agent='tests.agents.simple.try_again': agents sample text prompts only, and line 1 of " \
+           "'train.jsonl' has images." in proc.stderr
