@@ -83,19 +83,32 @@ class StatsLogger:
 
     def _to_wandb(self, write) -> None:
         """``write(run)``; wandb is a copy of ``metrics.jsonl``, so a failure of its own (a full disk under its
-        directory, a service that died) is one warning, and the run goes on without it."""
+        directory, a service that died) is one warning, and the run goes on without it. wandb's writer runs in a
+        process of its own and may fail on a full disk without telling the run: a full disk under its directory
+        counts as that failure too."""
         if self.wandb is None:
             return
         try:
             write(self.wandb)
         except Exception as e:  # noqa: BLE001 - whatever wandb raises, the run's own record is metrics.jsonl
-            where = str(self.offline_dir or getattr(self.wandb, "dir", None) or "its directory")
-            why = " ".join(str(e).split())[:200] or type(e).__name__
-            print(f"warning: wandb cannot write to {where}: {type(e).__name__}: {why}. Free space there: "
-                  f"{space.free_space(where) if os.path.exists(where) else 'unknown'}. The run goes on without wandb; "
-                  "metrics.jsonl keeps every step, and what wandb wrote so far stays.", file=sys.stderr, flush=True)
-            run, self.wandb = self.wandb, None
-            _drop_file_logs(where)  # wandb's own log files there would fail on every record too
+            self._drop_wandb(f"{type(e).__name__}: {' '.join(str(e).split())[:200] or type(e).__name__}")
+            return
+        if space.is_full(self._wandb_dir()):
+            self._drop_wandb("OSError: [Errno 28] No space left on device (its disk is full; wandb's writer fails "
+                             "there on its own)")
+
+    def _wandb_dir(self) -> str:
+        return str(self.offline_dir or getattr(self.wandb, "dir", None) or ".")
+
+    def _drop_wandb(self, why: str, *, finish: bool = True) -> None:
+        """One warning naming wandb's directory, ``why`` and the free space; the run goes on without wandb."""
+        where = self._wandb_dir()
+        print(f"warning: wandb cannot write to {where}: {why}. Free space there: "
+              f"{space.free_space(where) if os.path.exists(where) else 'unknown'}. The run goes on without wandb; "
+              "metrics.jsonl keeps every step, and what wandb wrote so far stays.", file=sys.stderr, flush=True)
+        run, self.wandb = self.wandb, None
+        _drop_file_logs(where)  # wandb's own log files there would fail on every record too
+        if finish and run is not None:
             try:
                 run.finish(exit_code=1, quiet=True)
             except Exception:  # noqa: BLE001 - it is broken already; nothing more to save
@@ -103,13 +116,19 @@ class StatsLogger:
 
     def close(self) -> None:
         if self.wandb is not None:
-            run, self.wandb = self.wandb, None
+            run = self.wandb
             try:
                 run.finish()
             except Exception as e:  # noqa: BLE001 - the run is over; its record is metrics.jsonl
+                self.wandb = None
                 warnings.warn(f"wandb could not finish its run in {self.offline_dir or run.dir}: {type(e).__name__}: "
                               f"{' '.join(str(e).split())[:200]}. metrics.jsonl holds every step.", stacklevel=2)
                 return
+            if space.is_full(self._wandb_dir()):  # its last records may not have fitted
+                self._drop_wandb("OSError: [Errno 28] No space left on device (its disk filled up while wandb "
+                                 "finished its run, whose last records may be missing)", finish=False)
+                return
+            self.wandb = None
             if self.offline_dir:
                 print(f"wandb: offline run saved; upload it with `wandb sync {self.offline_dir}`", flush=True)
 

@@ -26,6 +26,15 @@ def free_space(path: str) -> str:
         return "unknown"
 
 
+def is_full(path: str, below: int = 4096) -> bool:
+    """Whether the file system holding the directory ``path`` has less than ``below`` bytes free (no next write
+    fits); False where that cannot be read."""
+    try:
+        return shutil.disk_usage(path).free < below
+    except OSError:
+        return False
+
+
 def append(path: str, lines: list[str]) -> None:
     """Append ``lines`` (each ending in a newline) to ``path`` whole, or raise :class:`AppendError`."""
     data = "".join(lines).encode("utf-8")

@@ -158,3 +158,41 @@ def test_wandb_on_a_full_disk_is_one_warning_and_the_run_keeps_its_metrics(tmp_p
                            "far stays.")
     assert run.logged == 1 and run.finished == [{"exit_code": 1, "quiet": True}]  # asked once, then left
     assert [r["step"] for r in read_metrics(str(tmp_path / "metrics.jsonl"))] == [1, 2]
+
+
+class _QuietWandb(_FullWandb):
+    """A wandb run whose writer (another process) fails on a full disk without telling the run."""
+
+    def log(self, *args, **kwargs):
+        self.logged += 1
+
+
+@pytest.mark.parametrize("full_after", [1, 3])
+def test_wandb_whose_writer_fails_in_silence_on_a_full_disk_is_one_warning(tmp_path, capsys, monkeypatch, full_after):
+    """The disk under wandb's directory fills after ``full_after`` of its calls (3: as wandb finishes its run)."""
+    from areal_trainer.tracking import space
+
+    log = StatsLogger(str(tmp_path), _cfg())
+    run = log.wandb = _QuietWandb(tmp_path / "wandb")
+    (tmp_path / "wandb").mkdir()
+    monkeypatch.setattr(space, "is_full",
+                        lambda path, below=4096: path == run.dir and run.logged + len(run.finished) >= full_after)
+    log.log(1, {"reward": 0.5})
+    log.log(2, {"reward": 0.75})
+    log.close()
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith(f"warning: wandb cannot write to {run.dir}: OSError: [Errno 28] No space left on device ")
+    assert err[0].endswith("metrics.jsonl keeps every step, and what wandb wrote so far stays.")
+    if full_after == 1:  # seen after the first record: wandb is left at once
+        assert run.logged == 1 and run.finished == [{"exit_code": 1, "quiet": True}]
+    else:  # seen only after wandb finished: named, not finished twice
+        assert run.logged == 2 and run.finished == [{}]
+    assert [r["step"] for r in read_metrics(str(tmp_path / "metrics.jsonl"))] == [1, 2]
+
+
+def test_is_full_reads_the_free_space(tmp_path):
+    from areal_trainer.tracking import space
+
+    assert not space.is_full(str(tmp_path)) and space.is_full(str(tmp_path), below=2**62)
+    assert not space.is_full(str(tmp_path / "absent"))
