@@ -160,3 +160,14 @@ async def blocks_its_loop(data, *, client, every: int = 5, seconds: float = 3600
 
 
 _started = [0]
+
+
+async def bad_result_every(data, *, client, every: int = 5):
+    """Every ``every``-th episode (by the order episodes start) returns text where a reward belongs."""
+    _returned[0] += 1
+    mine = _returned[0]
+    r = await client.chat.completions.create(model="any-name", messages=data["messages"])
+    return "no reward today" if mine % every == 0 else float(bool(r.choices[0].message.content))
+
+
+_returned = [0]

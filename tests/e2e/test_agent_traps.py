@@ -48,3 +48,18 @@ def test_a_run_whose_agent_blocks_its_event_loop_finishes_counting_and_naming_it
     lines = [x for x in proc.stderr.splitlines() if x.startswith("warning: rollout.agent tests.agents.simple.")]
     assert any("the agent blocked the episodes' event loop for more than 2 s (counted in agent/blocked)" in x
                for x in lines), proc.stderr[-3000:]
+
+
+def test_an_agent_that_returns_text_once_in_five_episodes_trains_and_evaluates_to_the_end(tmp_path):
+    """A non-number result is counted (agent/bad_results, eval/agent/bad_results), named once, and scored
+    reward.error_value, in training and in the held-out evaluation's groups of one alike."""
+    proc = cli(["--config-name", "grpo", "+scale=tiny", "rollout.agent=tests.agents.simple.bad_result_every",
+                "rollout.agent_kwargs={every: 5}", "total_train_steps=2", "evaluator.freq_steps=1",
+                "evaluator.eval_before_train=true", "trial_name=t"], cwd=tmp_path)
+    run = tmp_path / "outputs" / "grpo" / "t"
+    records = step_records(run)
+    assert sorted(records) == [1, 2] and sum(r["agent/bad_results"] for r in records.values()) >= 1
+    evals = step_records(run, "eval/reward")
+    assert sorted(evals) == [0, 1, 2] and all(r["eval/agent/bad_results"] >= 1 for r in evals.values()), evals
+    lines = [x for x in proc.stderr.splitlines() if "'no reward today'" in x]
+    assert len(lines) == 1 and lines[0].startswith("warning: ") and "agent/bad_results" in lines[0], lines
