@@ -64,6 +64,13 @@ class RewardSample:
     """Every other column of the row, by column name."""
 
 
+def sample_of(row: Mapping[str, Any], completion: str) -> RewardSample:
+    """The reward's view of one completion of a dataset row: the row's own prompt and columns."""
+    chat = isinstance(row.get("prompt"), list)
+    return RewardSample(prompt=row.get("prompt"), completion=[{"role": "assistant", "content": completion}] if chat
+                        else completion, answer=row.get("answer"), fields=dict(row.get("fields") or {}))
+
+
 def is_coroutine_function(fn: Any) -> bool:
     """Whether calling ``fn`` returns a coroutine (``async def``, also behind ``partial`` or ``__call__``)."""
     while isinstance(fn, functools.partial):

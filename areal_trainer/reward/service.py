@@ -36,7 +36,7 @@ from ..errors import UserError
 from ..failures import FailurePolicy, Notices
 from ..metrics import Mean, Metric, Sum
 from .dispatch import CallOutcome
-from .functions import RewardFunction, RewardSample, classify
+from .functions import RewardFunction, RewardSample, classify, sample_of
 from .pool import WorkerPool, run_sync
 
 STATUSES = ("ok", "none", "error", "timeout", "died", "nonfinite", "out_of_range")
@@ -53,9 +53,8 @@ _HOW = {"error": "raised", "died": "killed their worker process", "nonfinite": "
 
 
 class SourceResult(NamedTuple):
-    """One source's scores for a batch: per sample a value (a float when ``ok``), a status, a detail; and,
-    optionally, named parts of the value (an environment's reward functions), each per sample (None where
-    none), logged under their own metric names as means."""
+    """One source's scores for a batch: per sample a value (a float when ``ok``), a status, a detail; optionally
+    named parts of the value per sample (an environment's reward functions), logged as means under their names."""
 
     values: list[float | None]
     status: list[str]
@@ -206,10 +205,8 @@ class RewardService:
         self.names = unique_names([s.name for s in self.sources])
         self._notices = Notices()
 
-    # The reward kind's values, as the service offered them before the policy held them.
-    error_value = property(lambda self: self.failures.reward.error_value)
+    error_value = property(lambda self: self.failures.reward.error_value)  # the policy's reward kind holds them
     timeout_value = property(lambda self: self.failures.reward.timeout_value)
-    max_error_fraction = property(lambda self: self.failures.reward.max_error_fraction)
 
     def score(self, samples: Sequence[RewardSample]) -> RewardScores:
         """:meth:`ascore` from synchronous code (also from a thread that runs an event loop)."""
@@ -268,12 +265,9 @@ class RewardService:
         return result
 
     def _policy(self, source):
-        """The reward kind of the policy for ``source``: a source whose own ``max_error_fraction`` is None (an
-        environment's scoring) stops the run only when it failed on every sample of a batch."""
-        policy = self.failures.reward
-        if hasattr(source, "max_error_fraction") and source.max_error_fraction is None:
-            return dataclasses.replace(policy, max_error_fraction=None)
-        return policy
+        """The reward kind's policy; a source whose own ``max_error_fraction`` is None stops only when all failed."""
+        own = hasattr(source, "max_error_fraction") and source.max_error_fraction is None
+        return dataclasses.replace(self.failures.reward, max_error_fraction=None) if own else self.failures.reward
 
     def _check_failures(self, source, result: SourceResult, samples: list[RewardSample]) -> None:
         """The policy's stop rules: too many failures in one batch, or no reward for any sample of it."""
@@ -282,8 +276,8 @@ class RewardService:
         policy.check_some_result(label, total=len(samples), timeouts=result.status.count("timeout"),
                                  failed=len(failed), change=f"make the function faster, raise {policy.timeout_key}, "
                                                             "or give it more reward.workers.")
-        own = policy.max_error_fraction is None
-        if not (len(failed) == len(samples) > 0 if own else policy.too_many(len(failed), len(samples))):
+        if not (len(failed) == len(samples) > 0 if (own := policy.max_error_fraction is None)
+                else policy.too_many(len(failed), len(samples))):
             return
         counts = {st: result.status.count(st) for st in _FAILURES}
         i = failed[0]
@@ -294,9 +288,8 @@ class RewardService:
                  f"returned NaN or infinity{beyond}",
             example=f"completion={_excerpt(samples[i].completion)!r}, answer={_excerpt(samples[i].answer, 100)!r} -> "
                     f"{result.details[i]}",
-            change="Fix the source (or its environment.kwargs): a batch that no sample of scored cannot teach."
-            if own else f"Fix the function (reward.workers=0 runs it in the trainer, for a debugger), or raise "
-                        f"{policy.fraction_key}.")
+            change="Fix the source (or its environment.kwargs)." if own else "Fix the function (reward.workers=0 "
+            f"runs it in the trainer, for a debugger), or raise {policy.fraction_key}.")
 
     def _name_failures(self, source, result: SourceResult, samples: list[RewardSample]) -> None:
         """Name each source's first failure of each kind once (then it is only counted)."""
@@ -335,13 +328,6 @@ class RewardService:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def sample_of(row: Mapping[str, Any], completion: str) -> RewardSample:
-    """The reward's view of one completion of a dataset row: the row's own prompt and columns."""
-    chat = isinstance(row.get("prompt"), list)
-    return RewardSample(prompt=row.get("prompt"), completion=[{"role": "assistant", "content": completion}] if chat
-                        else completion, answer=row.get("answer"), fields=dict(row.get("fields") or {}))
 
 
 def unique_names(names: list[str]) -> list[str]:
