@@ -83,9 +83,9 @@ class StatsLogger:
 
     def _to_wandb(self, write) -> None:
         """``write(run)``; wandb is a copy of ``metrics.jsonl``, so a failure of its own (a full disk under its
-        directory, a service that died) is one warning, and the run goes on without it. wandb's writer runs in a
-        process of its own and may fail on a full disk without telling the run: a full disk under its directory
-        counts as that failure too."""
+        directory, a service that died) is one warning, and the run goes on without it. wandb writes through a
+        process of its own, whose failure reaches the run at a later call if at all: a full disk under its
+        directory is taken as that failure at once."""
         if self.wandb is None:
             return
         try:

@@ -27,6 +27,9 @@ def cli_env(extra: dict | None = None) -> dict:
                PYTHONPATH=ROOT)
     env.update(extra or {})
     env.pop("PYTEST_CURRENT_TEST", None)
+    # A test that ran wandb in this process left the address of its wandb service here: a run given it would
+    # write through that service, in this process's file system view, not its own.
+    env.pop("WANDB_SERVICE", None)
     return env
 
 
