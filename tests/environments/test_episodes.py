@@ -145,17 +145,23 @@ def test_a_tool_that_raises_gives_the_model_its_error_and_the_episode_goes_on(ca
     assert "not an expression of integers with + and -: 'Tom + 3'" in capsys.readouterr().err
 
 
+def _guess_one_then_two(env, tok, *, n_samples: int):
+    """One rollout of ``env``'s games answering 1, then 2, discounted by 0.5; its rows are the engine's tokens."""
+    engine = RuleEngine(tok, lambda text: "1" if text.count("<|im_start|>assistant") == 1 else "2")
+    wf = agent_workflow(env, engine, tok, turn_discount=0.5)
+    try:
+        groups = wf.rollout(samples(env, tok), GenerationHyperparameters(n_samples=n_samples, max_new_tokens=4))
+    finally:
+        wf.close()
+    assert _rows_match_engine(groups, engine.returned) == len(engine.returned)
+    return groups
+
+
 @pytest.mark.parametrize("kind,ident", [("gym", GAME), ("openenv", "tests.environments.games.GuessEnvironment")])
 def test_a_game_steps_on_the_models_answers_with_step_rewards_discounted(kind, ident):
     tok = build_tokenizer("builtin:tiny")
     env = load(Settings(type=kind, id=ident, kwargs={"high": 2}, size=4, max_turns=3))
-    engine = RuleEngine(tok, lambda text: "1" if text.count("<|im_start|>assistant") == 1 else "2")
-    wf = agent_workflow(env, engine, tok, turn_discount=0.5)
-    try:
-        groups = wf.rollout(samples(env, tok), GenerationHyperparameters(n_samples=1, max_new_tokens=4))
-    finally:
-        wf.close()
-    assert _rows_match_engine(groups, engine.returned) == len(engine.returned)
+    groups = _guess_one_then_two(env, tok, n_samples=1)
     for g in groups:  # the secret is 1 or 2: guessed right at once (1), or after one wrong guess (0 + 0.5 * 1)
         assert g.episode_rewards in ((1.0,), (0.5,)), g.episode_rewards
         assert g.stats["env/return"].value == 1.0 and g.stats["env/turn_limits"].value == 0
@@ -243,13 +249,7 @@ def test_an_openenv_server_by_url_plays_like_its_class(openenv_server):
     tok = build_tokenizer("builtin:tiny")
     env = load(Settings(type="openenv", id=openenv_server, size=4, max_turns=3))
     assert env.text_field == "message"  # read from the server's /schema
-    engine = RuleEngine(tok, lambda text: "1" if text.count("<|im_start|>assistant") == 1 else "2")
-    wf = agent_workflow(env, engine, tok, turn_discount=0.5)
-    try:
-        groups = wf.rollout(samples(env, tok), GenerationHyperparameters(n_samples=2, max_new_tokens=4))
-    finally:
-        wf.close()
-    assert _rows_match_engine(groups, engine.returned) == len(engine.returned)
+    groups = _guess_one_then_two(env, tok, n_samples=2)
     # seeds 0..3: the secret is 1 + seed % 2, so even seeds are guessed at once, odd ones at the second guess
     assert [g.episode_rewards for g in groups] == [(1.0, 1.0), (0.5, 0.5), (1.0, 1.0), (0.5, 0.5)]
     assert env.rows("train")[0].columns["prompt"][-1]["content"] == "Episode 0."  # episodes start when they run
