@@ -85,9 +85,11 @@ def ended(proc: subprocess.Popen, what: str, timeout: float = HANG) -> str:
 
 
 def step_records(run_dir, key: str = "time/step") -> dict[int, dict]:
-    """The records of ``run_dir``'s metrics file that hold ``key``, by step: by default the training steps'."""
+    """The records of ``run_dir``'s metrics file that hold ``key``, by step: by default the training steps'. A
+    last line without its newline is one the running trainer is still writing, and is left out."""
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        return {r["step"]: r for r in map(json.loads, f) if key in r}
+        lines = [line for line in f if line.endswith("\n")]
+    return {r["step"]: r for r in map(json.loads, lines) if key in r}
 
 
 def comparable(record: dict) -> dict:

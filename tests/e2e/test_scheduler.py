@@ -3,7 +3,6 @@ head started here) and ``slurm`` (submitit's local executor, and the sbatch scri
 each running the same data-parallel path as ``accelerate launch``: two processes equal one on the same
 global batch; a killed rank stops the job naming it; bad settings fail before anything starts."""
 
-import json
 import os
 import signal
 import subprocess
@@ -12,15 +11,14 @@ import sys
 import pytest
 import torch
 
-from .helpers import ROOT, cli, cli_env, ended, popen, wait_for, wait_until
+from .helpers import ROOT, cli, cli_env, ended, popen, step_records, wait_for, wait_until
 
 WORKER = os.path.join(os.path.dirname(__file__), "dist_check.py")
 TINY = ["--config-name", "grpo", "+scale=tiny", "train_dataset.batch_size=4", "total_train_steps=2"]
 
 
 def _steps(run_dir):
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        return [r for r in map(json.loads, f) if "reward/task" in r]
+    return list(step_records(run_dir, "reward/task").values())
 
 
 def test_local_scheduler_two_processes_equal_one(tmp_path, monkeypatch):

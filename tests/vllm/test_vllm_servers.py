@@ -4,7 +4,6 @@ asynchronous training with partial rollouts on a server, and no server left afte
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
@@ -55,10 +54,7 @@ def test_ctrl_c_leaves_no_vllm_server(vllm_mod, tmp_path):
                             stderr=subprocess.PIPE, text=True)
 
     def stepped() -> bool:
-        if not (run / "metrics.jsonl").exists():
-            return False
-        with open(run / "metrics.jsonl") as f:
-            return any("time/step" in json.loads(line) for line in f)
+        return (run / "metrics.jsonl").exists() and bool(step_records(run))
 
     try:
         wait_until(stepped, proc, "the first step")
