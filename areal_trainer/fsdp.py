@@ -18,8 +18,9 @@ the weights, gradients and optimizer state are split over the ranks:
   (``train/models/update.py`` pads with zero-weight micro-batches). Generation and the other no-grad
   forwards run inside :func:`gathered`, which unshards the whole model once and keeps it so: they
   then need no communication, and ranks may generate different numbers of tokens or batches.
-* checkpoints and weight pushes use the full (unsharded) state dict, so checkpoints stay plain
-  Hugging Face weights that load with or without FSDP.
+* checkpoints use the full (unsharded) state dict, so they stay plain Hugging Face weights that load
+  with or without FSDP. Weights pushed to inference servers go as a :class:`WeightStream`, gathered
+  one tensor at a time, so no rank ever holds a second full copy of the model.
 """
 
 from __future__ import annotations
@@ -161,6 +162,67 @@ def full_state_dict(model, *, all_ranks: bool = False) -> dict[str, torch.Tensor
         return model.state_dict()
     opts = StateDictOptions(full_state_dict=True, cpu_offload=not all_ranks)
     return get_model_state_dict(model, options=opts)
+
+
+class WeightStream:
+    """The full weights of a sharded model as ``(name, tensor)`` pairs, each tensor all-gathered when it is
+    reached: a consumer that sends them on in buckets (disk files, a broadcast to the servers) holds one bucket,
+    never the whole model. ``metas()`` gives names, full shapes and dtypes without gathering anything.
+
+    Every pass is collective: every process must walk each one, in the same order. The main process, which
+    sends the weights, *leads*: each pass it starts is announced to the others, which :meth:`follow` until it
+    calls :meth:`finish`. A pass the leader leaves midway (a server gone during an update) is walked to its end
+    by the leader before its next one starts, so a retry is a fresh pass that every process takes in step.
+    A model that is not sharded gives its own tensors and needs no other process."""
+
+    def __init__(self, model: torch.nn.Module, *, lead: bool = False):
+        self.state = model.state_dict()  # sharded DTensors; tied weights appear under both names
+        self.device = next(model.parameters()).device
+        self.lead = lead
+        self._open = None
+
+    def metas(self) -> list[tuple[str, torch.Tensor]]:
+        """``(name, tensor)`` pairs whose shape and dtype are the full tensor's (not gathered)."""
+        return list(self.state.items())
+
+    def __iter__(self):
+        self._close()
+        if self.lead:
+            self._announce(True)
+        self._open = self._walk()
+        return self._open
+
+    def finish(self) -> None:
+        """The leader's last word: the others stop following."""
+        self._close()
+        if self.lead:
+            self._announce(False)
+
+    def follow(self) -> int:
+        """Walk every pass the leader announces, until it finishes; returns how many there were."""
+        passes = 0
+        while self._announce(None):
+            for _ in self._walk():
+                pass
+            passes += 1
+        return passes
+
+    def _walk(self):
+        for name, t in self.state.items():
+            yield name, (t.full_tensor() if isinstance(t, DTensor) else t).detach()
+
+    def _close(self) -> None:
+        if self._open is not None:
+            for _ in self._open:  # the rest of a pass left midway: the others are still in it
+                pass
+            self._open = None
+
+    def _announce(self, go: bool | None) -> bool:
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return bool(go)
+        flag = torch.tensor([int(bool(go))], dtype=torch.int64, device=self.device)
+        dist.broadcast(flag, src=0)
+        return bool(flag.item())
 
 
 def optimizer_state(model, optimizer) -> dict:

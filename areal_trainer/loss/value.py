@@ -19,13 +19,25 @@ EV_EPS = 1e-8
 """Return variance below which the explained variance is reported as 0 (it is undefined)."""
 
 
-def explained_variance(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """0-dim ``1 - Var(target - pred) / Var(target)`` over ``mask`` (bool or 0/1); 0 when Var(target) is ~0."""
+def explained_variance(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor, *,
+                       all_reduce=None) -> torch.Tensor:
+    """0-dim ``1 - Var(target - pred) / Var(target)`` over ``mask`` (bool or 0/1); 0 when Var(target) is ~0.
+
+    ``all_reduce`` (sums a tensor over the data-parallel processes): the variances are those of every process's
+    tokens together, from summed moments, so two processes report what one would on the whole batch."""
     mask = mask.bool()
-    n = mask.sum().clamp_min(1)
-    resid = target - pred
-    target_var = masked_mean((target - masked_mean(target, mask, n)).square(), mask, n)
-    resid_var = masked_mean((resid - masked_mean(resid, mask, n)).square(), mask, n)
+    if all_reduce is None:
+        n = mask.sum().clamp_min(1)
+        resid = target - pred
+        target_var = masked_mean((target - masked_mean(target, mask, n)).square(), mask, n)
+        resid_var = masked_mean((resid - masked_mean(resid, mask, n)).square(), mask, n)
+    else:
+        t, r = target.double(), (target - pred).double()
+        sums = torch.stack([mask.sum().double(), *(torch.where(mask, x, 0.0).sum() for x in (t, t * t, r, r * r))])
+        n, st, stt, sr, srr = all_reduce(sums).unbind()
+        n = n.clamp_min(1)
+        target_var = (stt / n - (st / n).square()).clamp_min(0).float()
+        resid_var = (srr / n - (sr / n).square()).clamp_min(0).float()
     ev = 1.0 - resid_var / target_var.clamp_min(EV_EPS)
     return torch.where(target_var > EV_EPS, ev, 0.0)
 

@@ -242,7 +242,8 @@ class Trainer:
     def push_weights(self) -> None:
         """Hand the current weights, with their version, to the rollout."""
         weights = self.policy.rollout_weights(on_policy_object=self.policy.colocated,
-                                              engine_samples_model=self.engine_samples_model)
+                                              engine_samples_model=self.engine_samples_model,
+                                              stream=getattr(self.rollout.engine, "takes_weight_stream", False))
         self.source.update_weights(weights, self.version)
 
     def advance(self) -> None:

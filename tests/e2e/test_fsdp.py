@@ -172,3 +172,18 @@ def test_fsdp_asynchronous_run(tmp_path):
         steps = [r for r in map(json.loads, f) if "reward/task" in r]
     assert [r["step"] for r in steps] == [1, 2, 3]
     assert all(r["actor/staleness/max"] <= 1 for r in steps)
+
+
+def test_weights_for_servers_are_gathered_tensor_by_tensor_and_a_retry_is_one_more_pass(tmp_path):
+    """Under FSDP2 the weights pushed to inference servers are gathered one tensor at a time as they are sent
+    (two read, two gathered), every process walks each pass the main one makes, and a push retried after a
+    server went away mid-update starts a fresh pass that delivers the whole model, equal to a checkpoint's."""
+    worker = os.path.join(os.path.dirname(__file__), "stream_check.py")
+    _run([*LAUNCH, worker, str(tmp_path)], ROOT)
+    got = torch.load(tmp_path / "stream.pt")
+    assert got["sharded"] and got["attempts"] == [["a:1", "b:2"], ["b:2"]] and got["version"] == 1
+    assert got["gathered_after_two"] == 2
+    assert list(got["received"]) == list(got["full"])
+    for name, tensor in got["full"].items():
+        assert torch.equal(got["received"][name], tensor), name
+    assert [torch.load(tmp_path / f"rank{r}.pt")["passes"] for r in (0, 1)] == [0, 2]

@@ -133,6 +133,24 @@ def test_explained_variance():
     assert stats["critic/explained_variance"].item() == pytest.approx(0.85)
 
 
+def test_explained_variance_over_processes_is_that_of_the_whole_batch():
+    # Process A holds returns [1, 2] (old values [1, 2]), process B [3, 4] (old values [3, 3]): together the
+    # batch of test_explained_variance, 0.85. Each alone: A explains everything (1.0); B's returns have
+    # variance 0.25 and its residuals [0, 1] too, so 0.0; their plain mean (0.5) is not the batch's.
+    mask = mask_of([[1, 1]])
+    sent = []
+    b = explained_variance(t([[3, 3]]), t([[3, 4]]), mask, all_reduce=lambda s: sent.append(s) or s)
+    assert b.item() == pytest.approx(0.0)
+    a = explained_variance(t([[1, 2]]), t([[1, 2]]), mask, all_reduce=lambda s: s + sent[0])
+    assert a.item() == pytest.approx(0.85)
+    assert explained_variance(t([[1, 2]]), t([[1, 2]]), mask).item() == pytest.approx(1.0)
+    # Padding of one process does not count; a process with no tokens adds nothing.
+    padded = explained_variance(t([[1, 2, 9]]), t([[1, 2, 0]]), mask_of([[1, 1, 0]]), all_reduce=lambda s: s + sent[0])
+    assert padded.item() == pytest.approx(0.85)
+    empty = explained_variance(t([[5.0]]), t([[7.0]]), mask_of([[0]]), all_reduce=lambda s: s + sent[0])
+    assert empty.item() == pytest.approx(0.0)
+
+
 def test_value_rejects_bad_eps():
     with pytest.raises(ValueError, match="eps_clip"):
         value_loss(t([[0.0]]), t([[0.0]]), t([[0.0]]), mask_of([[1]]), eps_clip=0.0)

@@ -137,8 +137,10 @@ def checkpoint_weights(model) -> dict[str, torch.Tensor]:
 
 
 def snapshot(model) -> dict[str, torch.Tensor]:
-    """A module's (or state dict's) tensors, copied to the CPU: a policy snapshot for later generation."""
-    return {k: v.detach().to("cpu", copy=True) for k, v in _tensors(model).items()}
+    """A module's (or state dict's, or weight stream's) tensors, copied to the CPU: a policy snapshot for later
+    generation."""
+    pairs = _tensors(model).items() if isinstance(model, torch.nn.Module | dict) else model
+    return {k: v.detach().to("cpu", copy=True) for k, v in pairs}
 
 
 def rollout_copy(model: torch.nn.Module, dtype: torch.dtype | None = None) -> torch.nn.Module:

@@ -86,6 +86,9 @@ class ServerEngine:
         rank: this trainer process's rank, mixed into the seeds (processes sample different prompts).
     """
 
+    takes_weight_stream = True
+    """Weights are sent on in buckets: sharded ones may come gathered tensor by tensor (``fsdp.WeightStream``)."""
+
     def __init__(self, addresses: Sequence[str], *, pusher, seed: int, request_timeout: float, retries: int,
                  restart: Callable[[int], str | None] | None = None, max_positions: Any = None,
                  can_switch: bool = False, barrier: Callable[[], None] = lambda: None, rank: int = 0):
@@ -133,6 +136,9 @@ class ServerEngine:
         try:
             self._push(model, version)
         finally:
+            settle = getattr(self.pusher, "settle", None)
+            if settle is not None:
+                settle(model)  # the weights' last pass is over (every retry done)
             self.barrier()
 
     def _push(self, model, version: int) -> None:

@@ -14,6 +14,7 @@ import shutil
 from dataclasses import dataclass, field
 
 from ...errors import UserError
+from ...fsdp import WeightStream
 from ..engines.backends import EngineSpec
 from ..limits import positions_of
 from .client import ServerEngine
@@ -45,16 +46,35 @@ class ServerSettings:
 
 
 class _RankPusher:
-    """The main process pushes; the others only wait for it (``ServerEngine.barrier`` after each update)."""
+    """The main process pushes; the others only wait for it (``ServerEngine.barrier`` after each update). Weights
+    gathered from FSDP2 shards (a :class:`WeightStream`) need every process for each pass the main one makes:
+    the others follow until :meth:`settle`, which ends the update (after any retries)."""
 
     def __init__(self, inner, is_main: bool):
         self.inner, self.is_main = inner, is_main
 
     def push(self, model, version, addresses):
+        if isinstance(model, WeightStream):
+            model.lead = self.is_main
+            if not self.is_main:
+                model.follow()
         return self.inner.push(model, version, addresses) if self.is_main else []
 
+    def settle(self, model) -> None:
+        if isinstance(model, WeightStream) and self.is_main:
+            model.finish()
+
     def schedule(self, model, version, after, addresses):
-        if self.is_main:
+        if isinstance(model, WeightStream):
+            model.lead = self.is_main
+            if not self.is_main:
+                model.follow()
+                return
+            try:
+                self.inner.schedule(model, version, after, addresses)
+            finally:
+                model.finish()
+        elif self.is_main:
             self.inner.schedule(model, version, after, addresses)
 
     def catch_up(self, address, version):

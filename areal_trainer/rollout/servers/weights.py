@@ -24,6 +24,7 @@ import httpx
 import torch
 
 from ...errors import UserError
+from ...fsdp import WeightStream
 from ..engines.weights import checkpoint_weights
 from .group import BUCKET_BYTES, WeightGroup, metas_of, plan_buckets
 
@@ -78,6 +79,11 @@ class _Pusher:
 
     def close(self) -> None:
         self.http.close()
+
+
+def _tensors(pairs):
+    for _, t in pairs:
+        yield t
 
 
 def _pairs(model):
@@ -223,8 +229,11 @@ class GroupPusher(_Pusher):
         if self.group is None or tuple(addresses) != self.members:
             self._form(addresses, deadline)
         weights = checkpoint_weights(model)
-        pairs = list(weights.items() if isinstance(weights, dict) else weights)
-        metas = metas_of(pairs)
+        if isinstance(weights, WeightStream):  # gathered from the shards bucket by bucket, as it is sent
+            pairs, metas = weights, metas_of(weights.metas())
+        else:
+            pairs = list(weights.items() if isinstance(weights, dict) else weights)
+            metas = metas_of(pairs)
         buckets = plan_buckets(metas, self.bucket_bytes)
         body = {"version": version, "tensors": [[m.name, list(m.shape), m.dtype] for m in metas], "buckets": buckets}
         self.stage = f"while sending v{version} (0 of {len(buckets)} buckets)"
@@ -235,7 +244,7 @@ class GroupPusher(_Pusher):
                 self.stage = f"while sending v{version} ({done} of {total} buckets)"
 
             try:
-                self.group.send((t for _, t in pairs), buckets, progress)
+                self.group.send(_tensors(pairs), buckets, progress)
             except Exception as e:  # noqa: BLE001 - a peer gone or too slow: the group is unusable now
                 self.group = None
                 gone = [a for f in loads if f.done() and f.exception() is None for a in f.result()]

@@ -74,7 +74,7 @@ class CriticModel:
                                  normalizer_of=normalizer_of, loss_of=loss_of, all_reduce=all_reduce,
                                  sync_grads=sync_grads, prefix=prefix, name="critic/update")
         result.metrics["critic/explained_variance_before_update"] = Mean(float(
-            explained_variance(batch.old_values, batch.returns, batch.loss_mask)))
+            explained_variance(batch.old_values, batch.returns, batch.loss_mask, all_reduce=all_reduce)))
         return result
 
     def state_dict(self) -> dict:

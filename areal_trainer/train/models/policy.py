@@ -164,13 +164,17 @@ class PolicyModel:
         """Where the rollout generates: on this model, gathered under FSDP2, when it is colocated."""
         return self.gathered() if self.colocated else contextlib.nullcontext()
 
-    def rollout_weights(self, *, on_policy_object: bool, engine_samples_model: bool):
+    def rollout_weights(self, *, on_policy_object: bool, engine_samples_model: bool, stream: bool = False):
         """What a rollout engine receives after a step: the model itself when the engine samples from this
         very object (``on_policy_object``); else its weights, gathered from the shards under FSDP2, and with
         LoRA merged into the base (an engine with its own, plain weights), unless the engine samples the
-        model object with the adapter active (``engine_samples_model``)."""
+        model object with the adapter active (``engine_samples_model``). ``stream``: the engine sends the
+        weights on in buckets (inference servers), so sharded ones come as a :class:`fsdp.WeightStream`,
+        gathered tensor by tensor as they are sent (not with LoRA, whose merge needs the whole state)."""
         weights = self.model
         if fsdp.is_sharded(self.model) and not on_policy_object:
+            if stream and self.peft is None:
+                return fsdp.WeightStream(self.model)
             weights = fsdp.full_state_dict(self.model, all_ranks=True)  # collective
         if self.peft is not None and not (on_policy_object and engine_samples_model):
             full = weights if isinstance(weights, dict) else None  # gathered from the shards
