@@ -67,17 +67,17 @@ def test_ctrl_c_leaves_no_vllm_server(vllm_mod, tmp_path):
     assert not processes_left(str(tmp_path), within=30)
 
 
-def test_fsdp2_with_two_processes_trains_on_a_vllm_server(vllm_mod, tmp_path):
+def test_fsdp2_with_two_processes_on_a_vllm_server_trains_as_one_process(vllm_mod, tmp_path):
+    """FSDP2 over two processes with one vLLM server, weights by xccl (gathered from the shards tensor by tensor):
+    greedy PPO trains as one process on the same server does (tests/e2e/test_servers.py)."""
     from ..e2e.test_fsdp import LAUNCH, _run
+    from ..e2e.test_servers import GREEDY_PPO, trains_as_one
 
-    run = tmp_path / "run"
-    _run([*LAUNCH, "-m", "areal_trainer", *TINY, "train_dataset.batch_size=4", "parallel.fsdp=true",
-          "rollout.backend=vllm:d1p1t1", "actor.weight_update_mode=xccl", "actor.recompute_logprob=true",
-          "total_train_steps=3", f"hydra.run.dir={run}"], tmp_path, timeout=900)
-    records = step_records(run)
-    assert sorted(records) == [1, 2, 3]
-    for r in records.values():
-        assert r["rollout/rows"] == 8 and r["mismatch/abs_logp_diff/max"] < 1e-3 and r["actor/staleness/max"] == 0
+    args = [*GREEDY_PPO, "rollout.backend=vllm:d1p1t1", "actor.weight_update_mode=xccl"]
+    cli([*args, f"hydra.run.dir={tmp_path / 'one'}"], cwd=tmp_path, timeout=900)
+    _run([*LAUNCH, "-m", "areal_trainer", *args, "parallel.fsdp=true", f"hydra.run.dir={tmp_path / 'two'}"],
+         tmp_path, timeout=900)
+    trains_as_one(step_records(tmp_path / "one"), step_records(tmp_path / "two"), "vllm", logp_tol=1e-3)
 
 
 def test_a_killed_vllm_server_is_replaced(vllm_mod, tmp_path):
