@@ -60,6 +60,41 @@ def vocabulary_problem(student, teacher, *, student_key: str, student_path: str,
             "student's token ids, so both need the same tokenizer: distil from a teacher of the same model family.")
 
 
+PROCESSOR_BOOKKEEPING = ("processor_class", "_processor_class", "image_processor_type")
+"""Keys of an image processor's config that name its class, not what it makes of an image."""
+
+
+def image_problem(student: tuple, teacher: tuple, *, key: str, path: str, student_key: str,
+                  student_path: str) -> str | None:
+    """One message when a teacher cannot score image rows as the student sees them: a text-only teacher, another
+    image token, or an image processor that would make other pixel values (the teacher is given the student's).
+    ``student``, ``teacher``: each its ``(processor, tokenizer)``; a text-only model's processor is None."""
+    (student_processor, _), (teacher_processor, _) = student, teacher
+    if teacher_processor is None:
+        return (f"{key}={path!r} is a text-only model, and training rows have images: the teacher scores the "
+                "student's rows with their images, so it must be an image-text-to-text model of the student's "
+                f"family ({student_key}={student_path!r}), or remove the image rows.")
+    from .vision import VisionEncoder
+
+    a, b = (VisionEncoder(p, tok).image_token_id for p, tok in (student, teacher))
+    if a != b:
+        return (f"{key}={path!r}: its image token has id {b}, the student's ({student_key}={student_path!r}) {a}: "
+                "the rows' image tokens would mean nothing to it. Use a teacher of the student's family.")
+    mine, theirs = (_image_config(p) for p in (student_processor, teacher_processor))
+    if mine != theirs:
+        keys = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+        shown = ", ".join(f"{k} {theirs.get(k)!r} vs {mine.get(k)!r}" for k in keys[:3])
+        return (f"{key}={path!r}: its image processor differs from the student's ({student_key}={student_path!r}): "
+                f"{shown}. The teacher is given the pixel values the student's processor made, so both need the "
+                "same image processor (the same model family and image size).")
+    return None
+
+
+def _image_config(processor) -> dict:
+    config = processor.image_processor.to_dict()
+    return {k: v for k, v in config.items() if k not in PROCESSOR_BOOKKEEPING}
+
+
 @torch.no_grad()
 def load_teacher(path: str, *, tokenizer, dtype: str, device: torch.device, seed: int, key: str) -> torch.nn.Module:
     """The teacher at ``path`` on ``device``, in eval mode, without gradients (see the module docstring)."""

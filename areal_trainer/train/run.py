@@ -54,12 +54,21 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def _first_image_row(*sample_sets: list[dict] | None) -> dict | None:
+    return next((s for samples in sample_sets for s in samples or () if s.get("vision") is not None
+                 and s["vision"].refs), None)
+
+
+def any_images(*sample_sets: list[dict] | None) -> bool:
+    return _first_image_row(*sample_sets) is not None
+
+
 def check_image_support(components: Components, *sample_sets: list[dict] | None) -> None:
     """Image prompts need a rollout backend that samples with images (``EngineSpec.takes_images``) and no feature
-    that cannot show the images to its model yet; checked before any weights load."""
+    that cannot show the images to its model yet; checked before any weights load (the teachers' part by
+    ``check_teachers``)."""
     cfg = components.config
-    first = next((s for samples in sample_sets for s in samples or () if s.get("vision") is not None
-                  and s["vision"].refs), None)
+    first = _first_image_row(*sample_sets)
     if first is None:
         return
     where = f"{first['row']} has images"
@@ -71,9 +80,6 @@ def check_image_support(components: Components, *sample_sets: list[dict] | None)
                 f"rollout.workflow={cfg.rollout.workflow!r}: this workflow")
         raise UserError(f"{what} sample text prompts only, and {where}. Use the single-turn workflow for image "
                         "prompts (a workflow class that handles images sets takes_images = True; docs/vlm.md).")
-    if components.distill is not None:
-        raise UserError(f"teacher: {where}, and the teachers of on-policy distillation score text rows only. Remove "
-                        "the teacher section, or the image rows (docs/vlm.md).")
 
 
 class Trainer:
@@ -114,7 +120,8 @@ class Trainer:
         if distill is not None:  # the teachers' vocabularies and routes, before any weights load
             check_teachers(distill, self.tokenizer,
                            student_key="tokenizer_path" if cfg.tokenizer_path else "actor.path",
-                           student_path=cfg.tokenizer_path or cfg.actor.path, samples=self.train_samples)
+                           student_path=cfg.tokenizer_path or cfg.actor.path, samples=self.train_samples,
+                           processor=self.processor, images=any_images(self.train_samples, self.valid_samples))
         self.preflight = preflight(components, self.tokenizer, self.train_samples, self.valid_samples,
                                    resuming=bool(resume_from), main=self.dist.is_main)  # before any weights load
         self.policy = PolicyModel.load(cfg.actor, tokenizer=self.tokenizer, device=self.device, dist=self.dist,

@@ -2,7 +2,7 @@
 generated pictures in TRL's vision layout (a ``.jsonl`` file with PNG files beside it): GRPO with full fine-tuning
 (the KL reference and evaluation seeing the images too) and with LoRA, PPO with a critic, each resuming from its
 step-1 checkpoint to repeat step 2 exactly; the checkpoint holds the processor; samples.jsonl names each row's
-images; FSDP2 with two processes; a bad image input stops the run with one line before any model loads."""
+images; on-policy distillation from a VLM teacher; FSDP2 with two processes; a bad image input stops the run with one line before any model loads."""
 
 import json
 import math
@@ -76,6 +76,20 @@ def test_ppo_with_a_critic_on_image_rows_and_exact_resume(tmp_path):
     run = tmp_path / "outputs" / "ppo" / "ppo"
     full = _finite_steps(run)
     assert "critic/update/grad_norm" in full[1]
+    _resume_repeats_step_2(args, run, full, tmp_path)
+
+
+def test_distillation_on_image_rows_scores_them_with_the_images_and_resumes_exactly(tmp_path):
+    """Pure on-policy distillation from a VLM teacher of the student's family: the teacher is given each row's
+    images (its log-probs in tests/train/test_teacher_images.py); the reverse KL is reported in training and on the
+    held-out rows, and resuming repeats step 2 exactly."""
+    args = ["--config-name", "distill", *VLM, *_data(tmp_path), "teacher.path=builtin:tiny-vlm", "trial_name=distill"]
+    out = cli(args, cwd=tmp_path)
+    run = tmp_path / "outputs" / "distill" / "distill"
+    full = _finite_steps(run)
+    assert all(r["distill/reverse_kl"] != 0 and r["distill/n_valid_tokens"] > 0 for r in full.values())
+    assert "eval/distill/reverse_kl" in step_records(run, "eval/distill/reverse_kl")[2]
+    assert "held-out reverse KL to the teacher" in out.stdout
     _resume_repeats_step_2(args, run, full, tmp_path)
 
 

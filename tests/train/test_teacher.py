@@ -41,7 +41,7 @@ def _batch(groups):
     am = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
     lm = torch.tensor([m + [0] * (width - len(m)) for m in masks])
     return types.SimpleNamespace(input_ids=ids, attention_mask=am, loss_mask=lm, group_sizes=tuple(sizes),
-                                 prompt_ids=tuple(range(len(groups))))
+                                 prompt_ids=tuple(range(len(groups))), vision=())
 
 
 GROUPS = [([5, 6, 7, 8], [[9, 10], [9, 11, 12], [13]]), ([5, 6, 14], [[15, 16, 17], [15]])]
@@ -90,7 +90,8 @@ def test_multi_turn_rows_are_scored_only_at_their_trained_tokens():
     batch = types.SimpleNamespace(
         input_ids=torch.tensor([r + [0] * (width - len(r)) for r in rows]),
         attention_mask=torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows]),
-        loss_mask=torch.tensor([m + [0] * (width - len(m)) for m in masks]), group_sizes=(2,), prompt_ids=(0,))
+        loss_mask=torch.tensor([m + [0] * (width - len(m)) for m in masks]), group_sizes=(2,), prompt_ids=(0,),
+        vision=())
     got, _ = Teachers(_spec(share=True), {"teacher": model}, torch.device("cpu"), samples=None).score(batch, None, 1)
     want = _row_by_row(model, batch)
     trained_next = torch.zeros_like(batch.loss_mask)

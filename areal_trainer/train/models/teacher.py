@@ -24,23 +24,29 @@ from ...components.distill import DistillSpec, TeacherSpec
 from ...errors import UserError
 from ...loss import TeacherLogprobs
 from ...metrics import Metric, Sum
-from ...model.load import autocast_dtype, resolve_device
+from ...model.load import autocast_dtype, load_processor, resolve_device
 from ...model.prefix import GroupPrefix, group_prefix, resolve_tree_training
-from ...model.teacher import load_teacher, load_teacher_tokenizer, vocabulary_problem
+from ...model.teacher import image_problem, load_teacher, load_teacher_tokenizer, tokenizer_source, vocabulary_problem
 from ...reward.service import RewardScores
 from ..state import manifest
 from ..state.checkpoint import weight_stats
 from .policy import batched_logprobs
 
 
-def check_teachers(spec: DistillSpec, tokenizer, *, student_key: str, student_path: str, samples) -> None:
-    """At start-up, before any weights: every teacher's vocabulary equals the student's, and every training
-    row's routing value has a teacher (MOPD). Raises one :class:`UserError` listing every problem."""
+def check_teachers(spec: DistillSpec, tokenizer, *, student_key: str, student_path: str, samples,
+                   processor=None, images: bool = False) -> None:
+    """At start-up, before any weights: every teacher's vocabulary equals the student's, every training
+    row's routing value has a teacher (MOPD), and with image rows (``images``) every teacher sees the images
+    as the student's ``processor`` made them. Raises one :class:`UserError` listing every problem."""
     problems = []
     for t in spec.teachers:
         other = load_teacher_tokenizer(t.path, key=t.key)
         msg = vocabulary_problem(tokenizer, other, student_key=student_key, student_path=student_path, key=t.key,
                                  path=t.path)
+        if msg is None and images:
+            mine = load_processor(tokenizer_source(t.path), tokenizer=other, key=t.key)
+            msg = image_problem((processor, tokenizer), (mine, other), key=t.key, path=t.path,
+                                student_key=student_key, student_path=student_path)
         if msg:
             problems.append(msg)
     if spec.identifier is not None:
@@ -177,8 +183,10 @@ class Teachers:
         if self.share[t.name] and rows:
             prefix = groups if groups is not None else group_prefix(ids, am, sizes)
         model = self.models[t.name]
+        vision = tuple(batch.vision[r] for r in rows) if batch.vision else ()  # the student's images, as it saw them
         lp = batched_logprobs(model, ids, am, temperature=self.spec.temperature,
-                              mb_spec=self.spec.mb_spec, autocast=self.autocast[t.name], prefix=prefix)
+                              mb_spec=self.spec.mb_spec, autocast=self.autocast[t.name], prefix=prefix,
+                              vision=vision)
         if self.sharded:
             model.reshard()  # the root's weights stay gathered after a forward (it expects a backward)
         return lp.to(batch.input_ids.device)
