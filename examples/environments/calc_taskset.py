@@ -37,7 +37,10 @@ class CalcToolset(vf.Toolset[vf.ToolsetConfig]):
     @vf.tool
     def calc(self, expression: str) -> str:
         """Evaluate an arithmetic expression of integers with + and -."""
-        return str(_value(ast.parse(expression, mode="eval").body))
+        try:
+            return str(_value(ast.parse(expression, mode="eval").body))
+        except (SyntaxError, ValueError):
+            raise ValueError(f"not an expression of integers with + and -: {expression!r}") from None
 
 
 class CalcTaskConfig(vf.TaskConfig):

@@ -14,7 +14,7 @@ TYPES = {
                       "+environment.kwargs.max_digits=1", "gconfig.max_new_tokens=8"],
     "verifiers": ["environment.type=verifiers", "environment.id=tests.environments.arith_tasks",
                   "gconfig.max_new_tokens=8"],
-    "verifiers_tools": ["environment.type=verifiers", "environment.id=tests.environments.calc_tasks",
+    "verifiers_tools": ["environment.type=verifiers", "environment.id=examples.environments.calc_taskset",
                         "actor.path=builtin:tiny-tools", "environment.max_turns=2", "gconfig.max_new_tokens=32"],
     "gym": ["environment.type=gym", "environment.id=tests.environments.games:GuessNumber-v0",
             "+environment.kwargs.high=4", "environment.max_turns=2", "gconfig.max_new_tokens=4"],

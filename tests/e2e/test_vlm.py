@@ -2,7 +2,8 @@
 generated pictures in TRL's vision layout (a ``.jsonl`` file with PNG files beside it): GRPO with full fine-tuning
 (the KL reference and evaluation seeing the images too) and with LoRA, PPO with a critic, each resuming from its
 step-1 checkpoint to repeat step 2 exactly; the checkpoint holds the processor; samples.jsonl names each row's
-images; on-policy distillation from a VLM teacher; FSDP2 with two processes; a bad image input stops the run with one line before any model loads."""
+images; on-policy distillation from a VLM teacher; FSDP2 with two processes; a bad image input stops the run
+with one line before any model loads."""
 
 import json
 import math

@@ -100,9 +100,9 @@ def test_an_environment_is_the_reward_and_the_verifier_by_default():
 def test_a_verifiers_taskset_without_tools_is_single_turn_and_one_with_tools_runs_as_agents():
     single = load("grpo", VF)
     assert not single.environment.multi_turn and single.verifier.binary_only
-    tools = load("grpo", ["environment.type=verifiers", "environment.id=tests.environments.calc_tasks"])
+    tools = load("grpo", ["environment.type=verifiers", "environment.id=examples.environments.calc_taskset"])
     assert tools.environment.multi_turn and tools.rollout.workflow.__name__ == "EnvironmentWorkflow"
-    assert tools.verifier.episodes and tools.verifier.what == "verifiers:tests.environments.calc_tasks episodes"
+    assert tools.verifier.episodes and tools.verifier.what == "verifiers:examples.environments.calc_taskset episodes"
     for game in (GYM, OPENENV):
         c = load("grpo", game)
         assert c.environment.multi_turn and c.rollout.workflow_kwargs["environment"] is c.environment.adapter

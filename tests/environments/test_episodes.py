@@ -111,7 +111,7 @@ def calculator(text: str) -> str:
 @pytest.mark.parametrize("export", ["individual", "concat"])
 def test_a_verifiers_tool_task_runs_its_mcp_tool_in_process_and_trains_the_sampled_calls(export):
     tok = build_tokenizer("builtin:tiny-tools")
-    env = load(Settings(type="verifiers", id="tests.environments.calc_tasks", size=6, max_turns=3))
+    env = load(Settings(type="verifiers", id="examples.environments.calc_taskset", size=6, max_turns=3))
     engine = RuleEngine(tok, calculator)
     wf = agent_workflow(env, engine, tok, export=export)
     try:
@@ -122,15 +122,15 @@ def test_a_verifiers_tool_task_runs_its_mcp_tool_in_process_and_trains_the_sampl
     assert stat(groups, "agent/tool_calls") == 6 and stat(groups, "agent/tool_errors") == 0
     assert stat(groups, "env/episodes") == 6 and stat(groups, "env/errors") == 0
     # the tool's result reached the model, and the task scored its final answer: right for every problem
-    # whose sum the rule wrote correctly; the metric counts the tool's results in the trace
-    assert all(g.stats["env/tool_results"].value == 1.0 for g in groups)
+    # whose sum the rule wrote correctly; the taskset's metric counts the tool's results in the trace
+    assert all(g.stats["env/tool_calls"].value == 1.0 for g in groups)
     assert [g.episode_rewards for g in groups] == [(g.stats["env/correct"].value,) * 2 for g in groups]
     assert sum(g.stats["env/correct"].value for g in groups) >= 2
 
 
 def test_a_tool_that_raises_gives_the_model_its_error_and_the_episode_goes_on(capsys):
     tok = build_tokenizer("builtin:tiny-tools")
-    env = load(Settings(type="verifiers", id="tests.environments.calc_tasks", size=2, max_turns=2))
+    env = load(Settings(type="verifiers", id="examples.environments.calc_taskset", size=2, max_turns=2))
     bad = '<tool_call>\n{"name": "calc", "arguments": {"expression": "Tom + 3"}}\n</tool_call>'
     engine = RuleEngine(tok, lambda text: "#### 6" if "<tool_response>" in text else bad)
     wf = agent_workflow(env, engine, tok)
