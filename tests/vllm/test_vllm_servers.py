@@ -4,13 +4,9 @@ asynchronous training with partial rollouts on a server, and no server left afte
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
-
 import pytest
 
-from ..e2e.helpers import cli, cli_env, ended, processes_left, step_records, wait_until
+from ..e2e.helpers import cli, processes_left, step_records
 
 TINY = ["--config-name", "grpo", "+scale=tiny", "evaluator.freq_steps=null", "saver.freq_steps=null",
         "stats_logger.progress_bar=false"]
@@ -47,24 +43,10 @@ def test_asynchronous_training_on_a_vllm_server_keeps_the_staleness_bound(vllm_m
 
 
 def test_ctrl_c_leaves_no_vllm_server(vllm_mod, tmp_path):
+    from ..e2e.test_servers import long_run, stop_after_first_step
+
     run = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "areal_trainer", *TINY, "rollout.backend=vllm:d1p1t1",
-                             "total_train_steps=1000", f"hydra.run.dir={run}"], cwd=tmp_path,
-                            env=cli_env({"AREAL_TEST_SERVERS": str(tmp_path)}), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-
-    def stepped() -> bool:
-        return (run / "metrics.jsonl").exists() and bool(step_records(run))
-
-    try:
-        wait_until(stepped, proc, "the first step")
-        proc.send_signal(signal.SIGINT)
-        ended(proc, "Ctrl-C")
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert not processes_left(str(tmp_path), within=30)
+    stop_after_first_step(long_run(tmp_path, run, "rollout.backend=vllm:d1p1t1"), run, tmp_path, servers=1, wait=600)
 
 
 def test_fsdp2_with_two_processes_on_a_vllm_server_trains_as_one_process(vllm_mod, tmp_path):
