@@ -161,10 +161,13 @@ class PromptImages:
     def names(self) -> tuple[str, ...]:
         return tuple(r.name for r in self.refs)
 
+    def open(self) -> list:
+        """The prompt's images as RGB PIL images, scaled to ``max_pixels``."""
+        return [open_image(r, self.max_pixels) for r in self.refs]
+
     def encode(self, messages: list[dict]) -> tuple[list[int], VisionInput | None]:
         """The prompt's token ids (each image part expanded to its image tokens) and its processed images."""
-        images = [open_image(r, self.max_pixels) for r in self.refs]
-        return self.encoder.encode(messages, images, names=self.names)
+        return self.encoder.encode(messages, self.open(), names=self.names)
 
     def length(self, messages: list[dict]) -> int:
         """The prompt's tokens as :meth:`encode` gives them, counted from the images' sizes (no pixels read)."""

@@ -188,17 +188,18 @@ class VisionEncoder:
         self.image_token_id = getattr(processor, "image_token_id", None) or tokenizer.convert_tokens_to_ids(token)
         self.template = getattr(processor, "chat_template", None) or tokenizer.chat_template
 
-    def render(self, messages: list[dict]) -> str:
+    def render(self, messages: list[dict], tools: list[dict] | None = None) -> str:
         parts = [m if not isinstance(m.get("content"), str) else {**m, "content": [{"type": "text",
                                                                                     "text": m["content"]}]}
                  for m in messages]
         return self.tokenizer.apply_chat_template(parts, chat_template=self.template, add_generation_prompt=True,
-                                                  tokenize=False)
+                                                  tokenize=False, tools=tools or None)
 
-    def encode(self, messages: list[dict], images: list, names: tuple[str, ...] = ()
-               ) -> tuple[list[int], VisionInput | None]:
-        """Token ids of the prompt (its image tokens expanded) and its images' tensors (None without images)."""
-        text = self.render(messages)
+    def encode(self, messages: list[dict], images: list, names: tuple[str, ...] = (),
+               tools: list[dict] | None = None) -> tuple[list[int], VisionInput | None]:
+        """Token ids of the prompt (its image tokens expanded) and its images' tensors (None without images);
+        ``tools``: the function tools the template shows (an agent's request)."""
+        text = self.render(messages, tools)
         if not images:
             return self.tokenizer(text, add_special_tokens=False).input_ids, None
         out = self.processor(text=[text], images=images, return_tensors="pt", add_special_tokens=False)

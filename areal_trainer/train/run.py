@@ -76,10 +76,9 @@ def check_image_support(components: Components, *sample_sets: list[dict] | None)
         raise UserError(f"rollout.backend={cfg.rollout.backend!r}: {where}, and this backend samples text prompts "
                         "only. Use rollout.backend=hf for image prompts (docs/vlm.md).")
     if not getattr(components.rollout.workflow, "takes_images", False):
-        what = (f"rollout.agent={cfg.rollout.agent!r}: agents" if cfg.rollout.agent is not None else
-                f"rollout.workflow={cfg.rollout.workflow!r}: this workflow")
-        raise UserError(f"{what} sample text prompts only, and {where}. Use the single-turn workflow for image "
-                        "prompts (a workflow class that handles images sets takes_images = True; docs/vlm.md).")
+        raise UserError(f"rollout.workflow={cfg.rollout.workflow!r}: this workflow samples text prompts only, and "
+                        f"{where}. Use the single-turn workflow or an agent (rollout.agent) for image prompts (a "
+                        "workflow class that handles images sets takes_images = True; docs/vlm.md).")
 
 
 class Trainer:
@@ -138,7 +137,7 @@ class Trainer:
                                 reward=train_reward, eval_reward=self.reward, loader=self.loader, device=self.device,
                                 autocast_dtype=self.policy.autocast, world_size=self.dist.world_size,
                                 reduce_max=lambda x: int(self.dist.all_reduce(torch.tensor(x), "max")),
-                                work_dir=run_dir, dist=self.dist)
+                                work_dir=run_dir, dist=self.dist, processor=self.processor)
         self.rollout = rollout
         self.source, self.eval_workflow = rollout.source, rollout.eval_workflow
         self.policy.colocated = rollout.colocated

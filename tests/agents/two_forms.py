@@ -1,8 +1,9 @@
 """Agents written against the ``openai`` package, in their two forms (the trainer's client, or the HTTP
 endpoint with an ``openai.AsyncOpenAI``), with a random wait of up to 10 ms before each request (unseeded:
 real timing noise, never the trainer's random state), so that the two forms' requests reach the engine at
-different times. ``task``: ``calculator`` (``examples/agents/calculator/openai_agent.py``) or ``try_again``
-(answer; when the final number is wrong, hear so and answer again)."""
+different times. ``task``: ``calculator`` (``examples/agents/calculator/openai_agent.py``), ``try_again``
+(answer; when the final number is wrong, hear so and answer again) or ``picture`` (one call with the row's
+messages, its pictures as ``image_url`` parts)."""
 
 from __future__ import annotations
 
@@ -45,7 +46,15 @@ async def try_again(data, client, max_turns: int = 2) -> float:
     return 0.0
 
 
-TASKS = {"calculator": solve, "try_again": try_again}
+async def picture(data, client) -> float:
+    """One call with the row's messages as they come (an image prompt's pictures as ``image_url`` parts); 1 when
+    the reply's first word is the answer."""
+    r = await client.chat.completions.create(model="policy", messages=data["messages"])
+    words = (r.choices[0].message.content or "").split()
+    return float(bool(words) and words[0].strip(".").lower() == str(data["answer"]).lower())
+
+
+TASKS = {"calculator": solve, "try_again": try_again, "picture": picture}
 
 
 async def run_client(data, *, client, task: str = "calculator"):

@@ -14,6 +14,7 @@ import sys
 from areal_trainer.data import pictures
 
 from .helpers import cli, cli_env, comparable, step_records
+from .test_agent_forms import _records
 
 VLM = ["+scale=tiny", "actor.path=builtin:tiny-vlm", "allow_builtin_model_on_any_data=true", "saver.freq_steps=1",
        "reward.fn=tests.plugins.picture_reward", "actor.optimizer.lr=1e-2"]
@@ -135,9 +136,35 @@ def test_the_lagged_mode_samples_image_prompts_reproducibly(tmp_path):
     assert max(r["actor/staleness/max"] for r in runs[0].values()) == 1
 
 
-def test_image_rows_with_an_agent_stop_the_run_before_any_model_loads(tmp_path):
-    proc = cli(["--config-name", "grpo", *VLM, *_data(tmp_path), "rollout.agent=tests.agents.simple.try_again",
-                "trial_name=agent"], cwd=tmp_path, check=False)
+def test_image_rows_with_a_text_only_workflow_stop_the_run_before_any_model_loads(tmp_path):
+    workflow = "areal_trainer.rollout.agents.multi_turn.MultiTurnWorkflow"
+    proc = cli(["--config-name", "grpo", *VLM, *_data(tmp_path), f"rollout.workflow={workflow}",
+                "trial_name=workflow"], cwd=tmp_path, check=False)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
-    assert "rollout.agent='tests.agents.simple.try_again': agents sample text prompts only, and line 1 of " \
+    assert f"rollout.workflow='{workflow}': this workflow samples text prompts only, and line 1 of " \
            "'train.jsonl' has images." in proc.stderr
+
+
+AGENT_FORMS = {"in_process": "tests.agents.two_forms.run_client", "http": "tests.agents.two_forms.HTTP"}
+
+
+def test_an_agent_sends_the_rows_pictures_in_process_and_over_http_and_both_train_alike(tmp_path):
+    """An ``openai``-package agent that sends the row's messages on (the pictures as ``image_url`` data URLs), with
+    the trainer's client and over the HTTP endpoint with its own ``openai.AsyncOpenAI``: both forms sample with
+    the images (the recomputed log-probs, which see the row's pixels, equal the engine's), and in the lagged mode
+    with one seed they log the same metrics at every step, held-out evaluation included."""
+    runs = {}
+    for name, agent in AGENT_FORMS.items():
+        args = ["--config-name", "grpo", *VLM, *_data(tmp_path), f"rollout.agent={agent}",
+                "+rollout.agent_kwargs.task=picture", "actor.recompute_logprob=true", "saver.freq_steps=null",
+                "rollout.max_head_offpolicyness=1", "rollout.offpolicy_mode=lagged", "evaluator.freq_steps=2",
+                f"trial_name={name}"]
+        cli(args, cwd=tmp_path)
+        runs[name] = _records(tmp_path / "outputs" / "grpo" / name)
+    local, http = runs["in_process"], runs["http"]
+    assert local == http
+    steps = [r for r in local if "agent/calls" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    assert all(r["agent/calls"] == r["agent/episodes"] > 0 and r["agent/bad_requests"] == 0 for r in steps)
+    assert all(r["mismatch/abs_logp_diff/max"] < 1e-4 for r in steps)
+    assert [r["step"] for r in local if "eval/agent/episodes" in r] == [0, 2]

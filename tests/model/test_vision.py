@@ -107,9 +107,9 @@ def test_lora_adapts_the_language_model_only():
 
 def test_the_critic_sees_the_images():
     critic = ValueModel.from_causal_lm(_model())
-    torch.nn.init.normal_(critic.value_head.weight)
+    torch.nn.init.normal_(critic.value_head.weight, generator=torch.Generator().manual_seed(0))
     ids, am, vision = _rows(answers=((5, 6), (5, 6), (5, 6)))
     values = critic(ids, am, vision=vision)
     padded = critic(ids, am, vision=vision, packing=False)
-    torch.testing.assert_close(values, padded, rtol=0, atol=1e-5)
+    torch.testing.assert_close(values, padded, rtol=1e-5, atol=1e-5)  # values of order 1-10: float32 sums
     assert (values[0] - values[1]).abs().max() > 1e-4

@@ -18,7 +18,7 @@ from ...dtypes import fits_float32
 from ...errors import UserError
 from ...failures import DEFAULT, FailurePolicy, Notices, metric
 from ...metrics import Mean, Sum
-from ...model.chat import prompt_ids
+from ...model.vision import prompt_inputs
 from ..rows import Rows, Segment
 from ..types import TrajectoryGroup
 from .session import EpisodeSession
@@ -174,16 +174,18 @@ class EpisodeRows:
         stats["agent/bad_results"] = Sum(float(len(errors)))
         stats["agent/errors"] = Sum(stats["agent/errors"].value + len(errors))
         if not rows:  # nothing was sampled: one untrained row keeps the prompt's place in the batch
-            empty = Rows.from_segments([[Segment(prompt_ids(self.tokenizer, sample["messages"]))]],
-                                       rewards=[self.error_value], truncated=[False], num_turns=[0.0])
+            ids, vision = prompt_inputs(self.tokenizer, sample)  # an image prompt keeps its images
+            empty = Rows.from_segments([[Segment(ids)]], rewards=[self.error_value], truncated=[False],
+                                       num_turns=[0.0])
             stats["agent/empty_groups"] = Sum(1.0)
-            return TrajectoryGroup(empty, stats=stats), errors
+            return TrajectoryGroup(empty, stats=stats, vision=None if vision is None else (vision,)), errors
         built = Rows.from_segments([r.segments for r in rows], rewards=[r.reward for r in rows],
                                      truncated=[r.truncated for r in rows], num_turns=[r.calls for r in rows])
         stats["agent/empty_groups"] = Sum(0.0)
         stats["agent/episode_reward"] = Mean(sum(episode_rewards) / len(episode_rewards), len(episode_rewards))
-        return (TrajectoryGroup(built, stats=stats, episode_rows=tuple(counts), episode_rewards=tuple(episode_rewards)),
-                errors)
+        vision = tuple(r.vision for r in rows) if any(r.vision is not None for r in rows) else None
+        return (TrajectoryGroup(built, stats=stats, episode_rows=tuple(counts), episode_rewards=tuple(episode_rewards),
+                                vision=vision), errors)
 
 
 def number(x: Any) -> float | None:

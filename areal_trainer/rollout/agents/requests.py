@@ -6,8 +6,8 @@ for an unknown id); ``error_body`` is the JSON the endpoint answers an error wit
 their usual exceptions. Parsing is lenient where real agents differ from the spec without harm:
 unknown fields are ignored (listed in ``ChatRequest.ignored``), messages may carry the extra keys a
 dumped response message has (``refusal``, ``annotations``, ...), text content may come as a list of
-text parts, and ``developer`` is read as ``system`` (OpenAI's newer name for it; chat templates
-know only ``system``).
+text parts, and ``developer`` is read as ``system`` (OpenAI's newer name for it; chat templates know only
+``system``). User messages may carry images as ``image_url`` parts with data URLs (``images.py``).
 
 The response objects are :mod:`areal_trainer.rollout.agents.openai_types`.
 """
@@ -18,6 +18,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from areal_trainer.rollout.agents.images import BadImage, decode_image_url
 from areal_trainer.rollout.agents.tools import tool_from_openai
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -48,10 +49,13 @@ class RequestError(Exception):
 @dataclass(frozen=True, kw_only=True)
 class ChatMessage:
     role: str
-    content: str | None = None
+    content: str | list[dict[str, Any]] | None = None
+    """Text, or (a message with images) a list of text parts and ``{"type": "image"}`` placeholders."""
     tool_calls: list[dict[str, Any]] | None = None  # OpenAI shape; arguments as JSON strings
     tool_call_id: str | None = None
     name: str | None = None
+    images: tuple = ()
+    """The message's images (RGB PIL images), in the order of its image placeholders."""
 
     def to_dict(self) -> dict[str, Any]:
         """The message for a chat template: role and content, plus the other keys that are set."""
@@ -76,6 +80,11 @@ class ChatRequest:
     seed: int | None = None
     ignored: tuple[str, ...] = ()
 
+    @property
+    def images(self) -> list:
+        """Every image of the messages, in order."""
+        return [im for m in self.messages for im in m.images]
+
 
 def _bad(param: str, message: str) -> RequestError:
     return RequestError(400, f"Invalid value for '{param}': {message}", param=param, code="invalid_value")
@@ -99,19 +108,32 @@ def _float(body: dict[str, Any], key: str, low: float, high: float) -> float | N
     return float(value)
 
 
-def _text(value: Any, param: str) -> str | None:
-    """Message content: a string, null, or a list of text parts (joined by newlines)."""
+def _content(value: Any, param: str) -> tuple[str | list[dict] | None, tuple]:
+    """Message content and its images: a string, null, or a list of parts. Text parts alone are joined by
+    newlines; with ``image_url`` parts (data URLs, ``images.py``) the content stays a list of text parts and
+    ``{"type": "image"}`` placeholders, in order (the form a VLM's chat template renders), beside the images."""
     if value is None or isinstance(value, str):
-        return value
-    if isinstance(value, list):
-        texts = []
-        for i, part in enumerate(value):
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise _bad(f"{param}[{i}]", f"only text parts {{'type': 'text', 'text': ...}} are supported, "
-                           f"got {part!r}.")
-            texts.append(part["text"])
-        return "\n".join(texts)
-    raise _bad(param, f"expected a string or a list of text parts, got {type(value).__name__}.")
+        return value, ()
+    if not isinstance(value, list):
+        raise _bad(param, f"expected a string or a list of content parts, got {type(value).__name__}.")
+    parts, images = [], []
+    for i, part in enumerate(value):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text" and isinstance(part.get("text"), str):
+            parts.append({"type": "text", "text": part["text"]})
+        elif kind == "image_url":
+            ref = part.get("image_url")
+            try:
+                images.append(decode_image_url(ref.get("url") if isinstance(ref, dict) else ref))
+            except BadImage as e:
+                raise _bad(f"{param}[{i}].image_url", str(e)) from None
+            parts.append({"type": "image"})
+        else:
+            raise _bad(f"{param}[{i}]", "expected a text part {'type': 'text', 'text': ...} or an image part "
+                       f"{{'type': 'image_url', 'image_url': {{'url': 'data:image/...'}}}}, got {part!r:.200}.")
+    if not images:
+        return "\n".join(p["text"] for p in parts), ()
+    return parts, tuple(images)
 
 
 def _tool_calls(value: Any, param: str) -> list[dict[str, Any]] | None:
@@ -154,7 +176,9 @@ def _message(raw: Any, i: int) -> ChatMessage:
     role = "system" if raw.get("role") == "developer" else raw.get("role")
     if role not in ROLES:
         raise _bad(f"{param}.role", f"got {raw.get('role')!r}; must be one of {', '.join(ROLES)}.")
-    content = _text(raw.get("content"), f"{param}.content")
+    content, images = _content(raw.get("content"), f"{param}.content")
+    if images and role != "user":
+        raise _bad(f"{param}.content", f"image parts are taken in user messages only (this is a {role} message).")
     tool_calls = _tool_calls(raw.get("tool_calls"), f"{param}.tool_calls") if role == "assistant" else None
     if content is None and not tool_calls and role != "assistant":
         raise _bad(f"{param}.content", f"a {role} message needs content.")
@@ -162,7 +186,7 @@ def _message(raw: Any, i: int) -> ChatMessage:
         if raw.get(key) is not None and not isinstance(raw[key], str):
             raise _bad(f"{param}.{key}", f"expected a string, got {raw[key]!r}.")
     return ChatMessage(role=role, content=content, tool_calls=tool_calls,
-                       tool_call_id=raw.get("tool_call_id"), name=raw.get("name"))
+                       tool_call_id=raw.get("tool_call_id"), name=raw.get("name"), images=images)
 
 
 def _tools(value: Any) -> list[dict[str, Any]]:

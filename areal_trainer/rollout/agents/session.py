@@ -33,6 +33,7 @@ from ...failures import DEFAULT, KindPolicy
 from ...model.chat import template_message
 from ..engines.batcher import GenerationBatcher
 from ..limits import capped, engine_positions, row_tokens
+from .images import BadImage, render_with_images
 from .openai_types import (
     ChatCompletion,
     ChatCompletionMessage,
@@ -63,6 +64,8 @@ class CallRecord:
     versions: list[int]
     truncated: bool
     reward: float | None = None
+    vision: Any = None
+    """The prompt's processed images (``model/vision.py``'s ``VisionInput``), None for a text prompt."""
 
 
 @dataclass
@@ -107,12 +110,15 @@ class EpisodeSession:
         chat_template_type: ``hf`` or ``concat`` (``rollout.chat_template_type``, ``template.py``).
         renderer: the rollout call's shared renders (None: the session's own).
         tool_policy: the failure policy's tool kind: a tool call's time limit when ``call_tool`` names none.
+        vision: the policy's processor (``model/vision.py``'s ``VisionEncoder``) when requests may carry images;
+            None: a request with images is refused (400) with ``no_images``, which says why.
     """
 
     def __init__(self, *, episode: int, tokenizer, batcher: GenerationBatcher, gconfig: Any,
                  parser: ToolCallParser, model_name: str = "policy", max_calls: int = 64, max_choices: int = 16,
                  chat_template_type: str = "hf", renderer: Renderer | None = None,
-                 tool_policy: KindPolicy = DEFAULT.tool):
+                 tool_policy: KindPolicy = DEFAULT.tool, vision: Any = None,
+                 no_images: str = "the policy is a text-only model"):
         if chat_template_type not in CHAT_TEMPLATE_TYPES:
             raise ValueError(f"chat_template_type {chat_template_type!r}; one of {CHAT_TEMPLATE_TYPES}")
         self.episode, self.tokenizer, self.batcher, self.gconfig = episode, tokenizer, batcher, gconfig
@@ -134,6 +140,7 @@ class EpisodeSession:
         self.tool_overruns: dict[str, str] = {}
         """How the episode's first tool call that ran out of time ended (``cancelled``, ``abandoned``) -> which tool
         it was, for the failure policy's notice."""
+        self.vision, self.no_images = vision, no_images
         self.closed = False
         self._calls = 0
 
@@ -142,7 +149,8 @@ class EpisodeSession:
         """The prompt ids of a request (see :meth:`prompt_of`), counting what the agent should hear about: a
         ``concat`` call that extended no earlier one, words the tokenizer cannot spell."""
         ids, text, extended = self.prompt_of(request)
-        self.counters.chat_template_fallbacks += self.concat and bool(self.rendered) and not extended
+        self.counters.chat_template_fallbacks += (self.concat and bool(self.rendered) and not extended
+                                                  and not request.images)
         unk = getattr(self.tokenizer, "unk_token_id", None)
         if unk is not None and unk in ids:  # the built-in word-level tokenizers: words they do not know
             self.unknown_words.update(self.renderer.unknown_words(text))
@@ -152,10 +160,20 @@ class EpisodeSession:
     def prompt_of(self, request: ChatRequest) -> tuple[list[int], str, bool]:
         """The prompt ids of a request, the text rendered for them, and whether they continue an earlier call
         (``concat``: that call's ids and the template's segment after its answer; else the messages and tools
-        rendered whole by the chat template). Counts nothing (an agent may ask before it sends)."""
+        rendered whole by the chat template). A request with images is rendered whole by the processor, which
+        expands each image's placeholder to its image tokens (:meth:`images_of` gives the processed images).
+        Counts nothing (an agent may ask before it sends)."""
         if self._asked is not None and self._asked[0] is request and self._asked[1] == len(self.rendered):
             return self._asked[2]  # rendered already, with the same calls to continue
         messages = [template_message(m.to_dict()) for m in request.messages]
+        if request.images:
+            try:
+                ids, text, vision = render_with_images(self.vision, self.no_images, messages, request.images,
+                                                       request.tools)
+            except BadImage as e:
+                raise RequestError(400, str(e), param="messages") from e
+            self._asked = (request, len(self.rendered), (ids, text, False), vision)
+            return self._asked[2]
         ext = extend(self.renderer, self.rendered, messages, request.tools) if self.concat else None
         if ext is not None:
             found = ext.prompt_ids, ext.text, True
@@ -166,8 +184,14 @@ class EpisodeSession:
                 raise RequestError(400, f"the chat template cannot render these messages: {type(e).__name__}: {e}",
                                    param="messages") from e
             found = list(ids), text, False
-        self._asked = (request, len(self.rendered), found)
+        self._asked = (request, len(self.rendered), found, None)
         return found
+
+    def images_of(self, request: ChatRequest) -> Any:
+        """The processed images of the request :meth:`prompt_of` rendered last (None for a text request)."""
+        if self._asked is None or self._asked[0] is not request:
+            self.prompt_of(request)
+        return self._asked[3]
 
     def sampling(self, request: ChatRequest) -> Any:
         """``gconfig`` with the request's overrides, for one answer."""
@@ -211,6 +235,7 @@ class EpisodeSession:
             raise RequestError(429, f"this episode has made its {self.max_calls} calls (rollout.agent_max_calls); "
                                "end the episode, or raise the limit.")
         prompt = self.render(request)
+        vision = self.images_of(request)
         call, self._calls = self._calls, self._calls + 1
         self.counters.calls += 1
         cid = new_completion_id()
@@ -222,7 +247,7 @@ class EpisodeSession:
             return ChatCompletion(id=cid, model=request.model or self.model_name, choices=choices,
                                   usage=CompletionUsage(prompt_tokens=len(prompt), completion_tokens=0))
         g = self.sampling(request)
-        gens = await asyncio.gather(*(self.batcher.generate(prompt, g, (self.episode, call, i))
+        gens = await asyncio.gather(*(self.batcher.generate(prompt, g, (self.episode, call, i), vision=vision)
                                       for i in range(request.n)))
         gens = capped(gens, [min(int(g.max_new_tokens), limit - len(prompt))] * len(gens))  # whatever the engine
         if self.closed:  # the episode ended while this call was sampled: nothing of it is trained
@@ -231,9 +256,9 @@ class EpisodeSession:
         self.counters.truncated += sum(bool(gen.truncated) for gen in gens)
         for i, gen in enumerate(gens):
             self.records.append(CallRecord(cid, i, call, list(prompt), list(gen.output_ids), list(gen.logprobs),
-                                           list(gen.versions), bool(gen.truncated)))
+                                           list(gen.versions), bool(gen.truncated), vision=vision))
             choices.append(self._choice(i, gen, request))
-        if self.concat:  # what a later call may continue: these messages, then one of these answers
+        if self.concat and vision is None:  # what a later call may continue: these messages, then one of these answers
             self.rendered.append(RenderedCall([template_message(m.to_dict()) for m in request.messages],
                                               request.tools, prompt))
             for choice, gen in zip(choices, gens):

@@ -18,7 +18,8 @@ Rows (``rollout.agent_export``):
   sibling choice of ``n > 1``) starts a new row instead; ``fallbacks`` counts how often that happened
   to a call's first choice. A call joins the newest row it extends, so an agent that continues one of
   several choices continues that choice's row. A row's reward is the
-  discounted return of its first call.
+  discounted return of its first call. A call with images joins a row only when its images are the row's
+  (the same pictures: image tokens are the same ids for any picture); the row's images are its last call's.
 
 Nothing here re-tokenizes anything: rows are the recorded ids, so the ids trained are the ids sampled.
 """
@@ -27,6 +28,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
+
+import torch
 
 from ..rows import Segment
 from .session import CallRecord
@@ -51,10 +55,21 @@ class ExportedRow:
     reward: float
     truncated: bool
     calls: int
+    vision: Any = None
+    """The images of the row's prompt (those of its last call), None for a text row."""
 
 
 def _answer(rec: CallRecord, turn: int) -> Segment:
     return Segment(list(rec.output_ids), True, list(rec.logprobs), list(rec.versions), turn)
+
+
+def same_images(a: Any, b: Any) -> bool:
+    """Whether two prompts' processed images are the same pictures (image tokens alone cannot tell: every image's
+    tokens are the same placeholder ids), so that a call may continue the other's row."""
+    if a is None or b is None:
+        return a is b
+    return a is b or (a.n_images == b.n_images and a.tensors.keys() == b.tensors.keys()
+                      and all(torch.equal(a.tensors[k], b.tensors[k]) for k in a.tensors))
 
 
 def export_rows(records: Sequence[CallRecord], returns: Sequence[float], mode: str) -> tuple[list[ExportedRow], int]:
@@ -68,12 +83,13 @@ def export_rows(records: Sequence[CallRecord], returns: Sequence[float], mode: s
     for rec, ret in zip(records, returns):
         prompt = list(rec.prompt_ids)
         home = None
-        if mode == "concat":  # the newest row this call's prompt extends exactly
+        if mode == "concat":  # the newest row this call's prompt extends exactly, with the same images
             home = next((k for k in range(len(rows) - 1, -1, -1)
-                         if len(prompt) >= len(contexts[k]) and prompt[:len(contexts[k])] == contexts[k]), None)
+                         if len(prompt) >= len(contexts[k]) and prompt[:len(contexts[k])] == contexts[k]
+                         and same_images(rows[k].vision, rec.vision)), None)
             fallbacks += home is None and rec.index == 0 and bool(rows)
         if home is None:
-            rows.append(ExportedRow([Segment(prompt), _answer(rec, 0)], float(ret), rec.truncated, 1))
+            rows.append(ExportedRow([Segment(prompt), _answer(rec, 0)], float(ret), rec.truncated, 1, rec.vision))
             contexts.append(prompt + list(rec.output_ids))
             continue
         row = rows[home]
@@ -82,6 +98,6 @@ def export_rows(records: Sequence[CallRecord], returns: Sequence[float], mode: s
             row.segments.append(Segment(env))
         row.segments.append(_answer(rec, row.calls))
         row.calls += 1
-        row.truncated = rec.truncated
+        row.truncated, row.vision = rec.truncated, rec.vision
         contexts[home] = prompt + list(rec.output_ids)
     return rows, fallbacks

@@ -45,6 +45,7 @@ from ..engines.batcher import GenerationBatcher
 from ..types import TrajectoryGroup
 from .client import AgentClient, SyncAgentClient
 from .episodes import EpisodeRows, Outcome
+from .images import with_image_urls
 from .loop import EpisodeLoop, LoopBlocked
 from .session import EpisodeSession
 from .spec import AgentSpec
@@ -85,13 +86,22 @@ class AgentWorkflow:
         block_notice: seconds without a beat after which the episodes' loop counts as blocked
             (``loop.py``; at most ``timeout``).
         server: a started ``EndpointServer`` for ``http`` agents (None: started on first use).
+        vision: the policy's processor (``model/vision.py``'s ``VisionEncoder``), which renders requests whose
+            messages carry images (``image_url`` parts, ``images.py``); None: such requests are refused (400) with
+            ``no_images``, which says why (a text-only policy, a backend that samples text only).
     """
+
+    takes_images = True
+    """Image prompts reach the agent as ``image_url`` parts of ``data["messages"]``."""
+    takes_vision = True
+    """The trainer passes ``vision`` and ``no_images`` (``train/sources/build.py``)."""
 
     def __init__(self, *, engine, tokenizer, reward, agent: AgentSpec, failures: FailurePolicy | None = None,
                  timeout: float | None = None, export: str = "individual", chat_template_type: str = "hf",
                  turn_discount: float = 1.0, tool_call_parser: str = "hermes",
                  max_concurrent: int | None = None, batching: str = "episodes", batch_wait: float | None = 30.0,
-                 max_calls: int = 64, max_choices: int = 16, block_notice: float = 10.0, server=None):
+                 max_calls: int = 64, max_choices: int = 16, block_notice: float = 10.0, server=None,
+                 vision: Any = None, no_images: str = "the policy is a text-only model"):
         if batching not in BATCHING:
             raise UserError(f"rollout.agent_batching: got {batching!r}; must be one of {', '.join(BATCHING)}.")
         if chat_template_type not in CHAT_TEMPLATE_TYPES:
@@ -104,6 +114,7 @@ class AgentWorkflow:
         self.timeout, self.max_calls, self.max_choices = self.failures.agent.timeout, max_calls, max_choices
         self.parser = get_parser(tool_call_parser)
         self.max_concurrent, self.batching, self.batch_wait, self.server = max_concurrent, batching, batch_wait, server
+        self.vision, self.no_images = vision, no_images
         self.instance = agent.target(**agent.kwargs) if agent.is_class else None
         self.rows = EpisodeRows(tokenizer=tokenizer, agent=agent.path, failures=self.failures,
                                 turn_discount=turn_discount, export=export)
@@ -165,7 +176,7 @@ class AgentWorkflow:
             return EpisodeSession(episode=index, tokenizer=self.tokenizer, batcher=batcher, gconfig=gconfig,
                                   parser=self.parser, max_calls=self.max_calls, max_choices=self.max_choices,
                                   chat_template_type=self.chat_template_type, renderer=renderer,
-                                  tool_policy=self.failures.tool)
+                                  tool_policy=self.failures.tool, vision=self.vision, no_images=self.no_images)
 
         try:
             outcomes = await asyncio.gather(*(self._episode(session(i * g + j), samples[i], limit, end)
@@ -212,11 +223,16 @@ class AgentWorkflow:
 
     @staticmethod
     def data(sample: dict) -> dict:
-        """The dataset row an agent gets: every column, and the prompt as chat ``messages``."""
+        """The dataset row an agent gets: every column, and the prompt as chat ``messages`` (an image prompt's
+        pictures as ``image_url`` parts with data URLs, in place of its ``{"type": "image"}`` parts)."""
         columns = dict(sample.get("columns") or {})
         if not columns:
             columns = {**sample.get("fields", {}), "prompt": sample.get("prompt"), "answer": sample.get("answer")}
-        return {**columns, "messages": [dict(m) for m in sample["messages"]]}
+        messages = [dict(m) for m in sample["messages"]]
+        images = sample.get("vision")
+        if images is not None and images.refs:
+            messages = with_image_urls(messages, images.open())
+        return {**columns, "messages": messages}
 
     def _open_key(self, session: EpisodeSession) -> str:
         from .endpoint import EndpointServer, LoopHandler  # the HTTP stack loads only for http agents

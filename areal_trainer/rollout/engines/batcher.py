@@ -48,6 +48,7 @@ class _Request:
     prompt: list[int] = field(compare=False)
     gconfig: Any = field(compare=False)
     future: asyncio.Future = field(compare=False)
+    vision: Any = field(default=None, compare=False)
 
 
 def _settings_key(gconfig: Any) -> tuple:
@@ -80,13 +81,14 @@ class GenerationBatcher:
         self.rows = 0
         """Rows generated in all."""
 
-    async def generate(self, prompt: list[int], gconfig: Any, order: tuple) -> Generation:
-        """One answer to ``prompt`` sampled with ``gconfig``; ``order`` places it within its call."""
+    async def generate(self, prompt: list[int], gconfig: Any, order: tuple, vision: Any = None) -> Generation:
+        """One answer to ``prompt`` sampled with ``gconfig``; ``order`` places it within its call; ``vision``: the
+        prompt's processed images (an engine that samples image prompts, ``EngineSpec.takes_images``)."""
         loop = asyncio.get_running_loop()
         if self._task is None or self._task.done():
             self._wake = asyncio.Event()
             self._task = loop.create_task(self._serve(), name="areal-generation-batcher")
-        request = _Request(order, list(prompt), gconfig, loop.create_future())
+        request = _Request(order, list(prompt), gconfig, loop.create_future(), vision)
         self._queue.append(request)
         self._wake.set()
         try:
@@ -139,8 +141,10 @@ class GenerationBatcher:
             while self._ready() or forced:
                 forced = False
                 batch = self._take()
+                images = {"vision": [r.vision for r in batch]} if any(r.vision is not None for r in batch) else {}
                 try:
-                    gens = await asyncio.to_thread(self.engine.generate, [r.prompt for r in batch], batch[0].gconfig)
+                    gens = await asyncio.to_thread(self.engine.generate, [r.prompt for r in batch], batch[0].gconfig,
+                                                   **images)
                 except BaseException as e:  # noqa: BLE001 - every waiting episode gets the error
                     for r in batch:
                         if not r.future.done():

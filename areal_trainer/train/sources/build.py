@@ -25,6 +25,7 @@ import torch
 from ...components.rollout import RolloutParts
 from ...config.schema import TrainerConfig
 from ...dtypes import torch_dtype
+from ...model.vision import VisionEncoder
 from ...rollout.engines.backends import ENGINES, EngineSpec
 from ...rollout.staleness import StalenessManager
 from .collect import Batch, collect_groups
@@ -95,6 +96,17 @@ class Rollout:
     colocated: bool
 
 
+def vision_for(cfg: TrainerConfig, spec: EngineSpec, processor, tokenizer) -> dict:
+    """An agent workflow's ``vision`` (the processor it renders image requests with) and ``no_images`` (why a
+    request with images is refused, when it is)."""
+    if processor is None:
+        return {"vision": None, "no_images": f"the policy (actor.path={cfg.actor.path!r}) is a text-only model"}
+    if not spec.takes_images:
+        return {"vision": None, "no_images": f"rollout.backend={cfg.rollout.backend!r} samples text prompts only "
+                                             "(rollout.backend=hf samples with images)"}
+    return {"vision": VisionEncoder(processor, tokenizer), "no_images": ""}
+
+
 def rollout_mode(cfg: TrainerConfig) -> str:
     """``sync``, ``concurrent`` or ``lagged``."""
     if cfg.rollout.max_head_offpolicyness == 0:
@@ -104,16 +116,20 @@ def rollout_mode(cfg: TrainerConfig) -> str:
 
 def build_rollout(cfg: TrainerConfig, parts: RolloutParts, *, model, tokenizer, reward, loader, device: torch.device,
                   autocast_dtype, world_size: int, reduce_max: Callable[[int], int], eval_reward=None,
-                  work_dir: str = ".", dist=None) -> Rollout:
+                  work_dir: str = ".", dist=None, processor=None) -> Rollout:
     """Engines, workflows and the source for ``cfg`` (see the module docstring). ``parts``: the engine's
     registry entry, the workflow class and the filter, bound at start-up (``components/rollout.py``).
     ``eval_reward``: the evaluation's reward service when it differs from the training rollouts' ``reward``
-    (pure distillation trains without one)."""
+    (pure distillation trains without one). ``processor``: an image-text-to-text policy's, for workflows whose
+    requests may carry images (agents: ``takes_vision``)."""
     r, mode = cfg.rollout, rollout_mode(cfg)
     eval_reward = reward if eval_reward is None else eval_reward
 
-    def workflow(engine, scorer=reward):
-        return parts.workflow(engine=engine, tokenizer=tokenizer, reward=scorer, **parts.workflow_kwargs)
+    def workflow(engine, scorer=reward, spec: EngineSpec = parts.engine):
+        kwargs = dict(parts.workflow_kwargs)
+        if getattr(parts.workflow, "takes_vision", False):
+            kwargs.update(vision_for(cfg, spec, processor, tokenizer))
+        return parts.workflow(engine=engine, tokenizer=tokenizer, reward=scorer, **kwargs)
 
     def engine(spec: EngineSpec, **kw):
         if spec.servers:  # they write under the run directory; the main process starts them
@@ -134,7 +150,7 @@ def build_rollout(cfg: TrainerConfig, parts: RolloutParts, *, model, tokenizer, 
         eval_workflow = workflow(ENGINES["hf"].make(model, tokenizer, device=device, autocast_dtype=autocast_dtype,
                                                      seed=cfg.seed, dtype=None, batch_size=r.generation_batch_size,
                                                      share_prefill=share_prefill(cfg), stoppable=False,
-                                                     interruptible=False), eval_reward)
+                                                     interruptible=False), eval_reward, ENGINES["hf"])
     common = dict(loader=loader, workflow=train_workflow, engine=rollout_engine, gconfig=cfg.gconfig,
                   batch_size=cfg.train_dataset.batch_size // world_size, accept=parts.accept,
                   dynamic_bs=cfg.dynamic_bs, max_rounds=r.max_sampling_rounds)
