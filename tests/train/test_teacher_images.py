@@ -71,6 +71,13 @@ def _check(path):
                    processor=PROCESSOR, images=True)
 
 
+def _refused(path) -> str:
+    """The message of the error ``_check`` raises for the teacher at ``path``."""
+    with pytest.raises(UserError) as info:
+        _check(str(path))
+    return str(info.value)
+
+
 def test_a_teacher_that_sees_images_as_the_student_does_passes():
     _check("builtin:tiny-vlm")
 
@@ -84,9 +91,7 @@ def test_a_text_only_teacher_on_image_rows_is_named_before_any_weights_load(tmp_
     text = builtin.build_model("builtin:tiny", TOK, 0).__class__(config)
     text.save_pretrained(tmp_path / "text")
     TOK.save_pretrained(tmp_path / "text")
-    with pytest.raises(UserError) as info:
-        _check(str(tmp_path / "text"))
-    msg = str(info.value)
+    msg = _refused(tmp_path / "text")
     assert f"teacher.path='{tmp_path / 'text'}' is a text-only model, and training rows have images" in msg
     assert "actor.path='builtin:tiny-vlm'" in msg
     # Without image rows the same teacher is fine.
@@ -100,8 +105,6 @@ def test_a_teacher_with_another_image_processor_is_named_with_what_differs(tmp_p
     processor.image_processor.size = {"shortest_edge": 32}
     model.save_pretrained(tmp_path / "vlm")
     processor.save_pretrained(tmp_path / "vlm")
-    with pytest.raises(UserError) as info:
-        _check(str(tmp_path / "vlm"))
-    msg = str(info.value)
+    msg = _refused(tmp_path / "vlm")
     assert f"teacher.path='{tmp_path / 'vlm'}': its image processor differs from the student's" in msg
     assert "size {'shortest_edge': 32} vs {'shortest_edge': 16}" in msg

@@ -178,8 +178,9 @@ class AgentWorkflow:
                                   chat_template_type=self.chat_template_type, renderer=renderer,
                                   tool_policy=self.failures.tool, vision=self.vision, no_images=self.no_images)
 
+        rows = [self.data(s) for s in samples]  # once per prompt: an image prompt's pictures are encoded once
         try:
-            outcomes = await asyncio.gather(*(self._episode(session(i * g + j), samples[i], limit, end)
+            outcomes = await asyncio.gather(*(self._episode(session(i * g + j), rows[i], limit, end)
                                               for i in range(len(samples)) for j in range(g)))
         finally:
             await batcher.close()
@@ -190,22 +191,24 @@ class AgentWorkflow:
             groups[0].stats["agent/batch_wait_timeouts"] = Sum(float(batcher.forced))
         return groups
 
-    async def _episode(self, session: EpisodeSession, sample: dict, limit: asyncio.Semaphore,
+    async def _episode(self, session: EpisodeSession, row: dict, limit: asyncio.Semaphore,
                        end: Callable[[], None]) -> Outcome:
         async with limit:
             try:
-                return await self._run_episode(session, sample)
+                return await self._run_episode(session, row)
             finally:
                 end()
 
-    async def _run_episode(self, session: EpisodeSession, sample: dict) -> Outcome:
+    async def _run_episode(self, session: EpisodeSession, row: dict) -> Outcome:
+        """One episode on its own copy of the prompt's ``row`` (:meth:`data`): an agent may change its messages."""
         key = None
         try:
             async with asyncio.timeout(self.timeout) as deadline:
                 try:
                     if self.agent.style == "http":
                         key = self._open_key(session)
-                    result = await self._call(session, self.data(sample), key)
+                    data = {**row, "messages": [dict(m) for m in row["messages"]]}
+                    result = await self._call(session, data, key)
                     return Outcome(session, "ok", result)
                 except Exception as e:  # noqa: BLE001 - the agent's error is contained and counted
                     if deadline.expired():
