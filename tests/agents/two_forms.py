@@ -1,5 +1,5 @@
 """Agents written against the ``openai`` package, in their two forms (the trainer's client, or the HTTP
-endpoint with an ``openai.AsyncOpenAI``), with a random wait of up to 10 ms before each request (unseeded:
+endpoint with an ``openai.AsyncOpenAI`` on aiohttp), with a random wait of up to 10 ms before each request (unseeded:
 real timing noise, never the trainer's random state), so that the two forms' requests reach the engine at
 different times. ``task``: ``calculator`` (``examples/agents/calculator/openai_agent.py``), ``try_again``
 (answer; when the final number is wrong, hear so and answer again) or ``picture`` (one call with the row's
@@ -12,7 +12,7 @@ import random
 import re
 import types
 
-from examples.agents.calculator.openai_agent import HTTPAgent, solve
+from examples.agents.calculator.openai_agent import HTTPAgent, async_client, solve
 
 _jitter = random.Random()
 
@@ -67,8 +67,6 @@ class HTTP(HTTPAgent):
         self.task = task
 
     async def run(self, data, *, base_url, api_key):
-        import openai
-
         if self.client is None:
-            self.client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+            self.client = async_client(base_url, api_key)  # on aiohttp, as docs/agents_http.md recommends
         return await TASKS[self.task](data, Jittery(self.client.with_options(base_url=base_url, api_key=api_key)))

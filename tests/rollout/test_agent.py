@@ -497,3 +497,28 @@ def test_an_agent_that_blocks_the_loop_for_good_is_abandoned_at_its_timeout_and_
     assert all(g["rewards"].eq(1.0).all() and g.stats["agent/timeouts"].value == 0 for g in later)
     assert later[0].stats["agent/blocked"].value == 0
     wf.close()
+
+
+async def http_sleeps_in_the_loop(data, *, base_url, api_key):
+    """Over HTTP: one request, then (episode 0 when ``data["pause"]``) blocks its loop, which serves the endpoint."""
+    import httpx
+
+    async with httpx.AsyncClient(timeout=30) as http:
+        r = await http.post(base_url + "/chat/completions", headers={"Authorization": f"Bearer {api_key}"},
+                            json={"model": "m", "messages": data["messages"]})
+        r.raise_for_status()
+        if data["id"] == 0 and data["pause"]:
+            time.sleep(data["pause"])
+    return 1.0
+
+
+def test_an_http_agent_that_blocks_the_loop_for_good_leaves_its_endpoint_and_the_next_rollout_serves_anew(tok):
+    """The endpoint serves on the episodes' loop: abandoned with it, and the next rollout starts another."""
+    wf = _workflow(Scripted(tok, "7"), tok, "tests.rollout.test_agent.http_sleeps_in_the_loop", timeout=1.0)
+    gconfig = GenerationHyperparameters(n_samples=2, max_new_tokens=4)
+    wf.rollout(_paused(1, 3600), gconfig)
+    assert wf.server is None and wf._loop is None
+    later = wf.rollout(_paused(2, 0), gconfig)
+    assert all(g["rewards"].eq(1.0).all() and g.stats["agent/timeouts"].value == 0 for g in later)
+    assert wf.server._task.get_loop() is wf._loop.loop
+    wf.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import threading
 
 import httpx
@@ -464,16 +465,19 @@ def test_the_workflow_serves_http_agents_one_key_per_episode(stack, name, calls,
         assert g.stats["agent/calls"].value == 2 * calls and g.stats["agent/errors"].value == 0
 
 
-def test_the_workflow_starts_one_server_for_its_http_agent(stack):
+def test_the_workflow_starts_one_server_for_its_http_agent_on_the_episodes_loop(stack):
     wf = _workflow(stack, "async_http_agent")
     try:
         wf.rollout([SAMPLE], GenerationHyperparameters(n_samples=2, max_new_tokens=4))
         port = wf.server.port
         wf.rollout([SAMPLE], GenerationHyperparameters(n_samples=1, max_new_tokens=4))
         assert wf.server.port == port and wf.server.host == "127.0.0.1"
+        assert wf.server._task.get_loop() is wf._loop.loop  # no thread of its own: no hop per request
+        assert not any(t.name == f"areal-endpoint-{port}" for t in threading.enumerate())
     finally:
-        wf.server.stop()
-    assert not any(t.name == f"areal-endpoint-{port}" for t in threading.enumerate())
+        wf.close()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))  # the port is free again
 
 
 def test_a_timed_out_http_episode_loses_its_key(stack):

@@ -14,14 +14,13 @@ Threads and loops. The server (Starlette on uvicorn) runs its own event loop in 
 named ``areal-endpoint-<port>``. A handler's methods are called there: a coroutine function is
 awaited on that loop (it must not block it); a plain function is run in a worker thread, so it may
 block, e.g. on ``asyncio.run_coroutine_threadsafe(...).result()``. ``LoopHandler`` wraps a handler
-whose coroutines must run on another loop (the rollout engine's), which is what the trainer needs.
+whose coroutines run on another loop. (The trainer serves on the episodes' loop: ``loop_endpoint.py``.)
 
 Errors are OpenAI-style JSON (``{"error": {...}}``) so clients raise their usual exceptions:
 401 for a missing or unknown key, 400 for a malformed body, 413 for a body over ``MAX_BODY_BYTES`` (refused
 before it is read whole), 404 for an unknown route, a handler's ``RequestError`` with its status, and 500
 (with the exception's type and message; the traceback goes to this module's logger) for anything else a
-handler raises. uvicorn's access log is off and
-its logging configuration is not installed, so the trainer's logging stays as it is.
+handler raises. uvicorn's access log is off and its logging configuration is not installed.
 
 ``stop()`` waits for requests in flight for up to ``GRACE_S`` seconds, then cancels them, and
 returns once the thread has ended and the port is free. The server binds 127.0.0.1 by default:
@@ -56,13 +55,12 @@ logger = logging.getLogger(__name__)
 
 MODEL_ID = "policy"
 GRACE_S = 3  # how long stop() lets requests in flight finish
-KEEP_ALIVE_S = 600
 MAX_BODY_BYTES = 8 * 2 ** 20
 """The largest request body the endpoint reads (8 MiB: a long conversation with tools is well under 1 MiB)."""
-"""How long an idle connection stays open. A client reuses its pooled connections; one the server closes
-at the moment the client sends on it fails that request (a read error, ``openai.APIConnectionError``).
-With uvicorn's default of 5 s that race hit about one request in a few hundred whenever a rollout's
-calls paused for longer than that (a large generation batch, the update between steps)."""
+KEEP_ALIVE_S = 600
+"""How long an idle connection stays open. A client reuses its pooled connections; one the server closes at the
+moment the client sends on it fails that request (``openai.APIConnectionError``). With uvicorn's default of 5 s
+that hit about one request in a few hundred whenever a rollout's calls paused longer (the update between steps)."""
 _ROUTES = "POST /v1/chat/completions, GET /v1/models and POST /v1/rl/set_reward (or /rl/set_reward)"
 
 
@@ -100,6 +98,8 @@ class LoopHandler:
             self.loop.call_soon_threadsafe(note, error)
 
     async def _on_loop(self, coro: Any) -> Any:
+        if asyncio.get_running_loop() is self.loop:  # served on the handler's own loop (LoopEndpoint)
+            return await coro
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
 
 
@@ -185,10 +185,25 @@ class EndpointServer:
         return f"http://{self.host}:{self.port}/v1"
 
     def start(self) -> None:
+        """Serve from a thread of its own; returns once the server listens."""
         if self._thread is not None:
             raise RuntimeError("EndpointServer.start(): already running; stop() it first.")
-        # Bound here rather than by uvicorn so that port 0 is resolved before start() returns and
-        # a bind error is raised to the caller (uvicorn would sys.exit in its thread).
+        sock = self._bind()
+        self._server, self._failure = uvicorn.Server(self._config()), None
+        self._thread = threading.Thread(target=self._serve, args=(self._server, sock),
+                                        name=f"areal-endpoint-{self._port}", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"EndpointServer: the server on port {self._port} did not start "
+                                   f"({self._failure!r}).") from self._failure
+            time.sleep(0.01)
+
+    def _bind(self) -> socket.socket:
+        """The listening socket, bound here rather than by uvicorn so that port 0 is resolved at once and a bind
+        error reaches the caller (uvicorn would sys.exit in its thread)."""
         # IPPROTO_TCP named explicitly: asyncio turns Nagle's algorithm off (TCP_NODELAY) only on sockets whose
         # protocol says TCP, and a response written in two parts (headers, body) would otherwise wait for the
         # client's delayed ACK, about 40 ms per request.
@@ -202,20 +217,17 @@ class EndpointServer:
             raise RuntimeError(f"EndpointServer: cannot listen on {self.host}:{self._requested_port} ({e}); "
                                "choose another port, or port=0 for a free one.") from e
         self._port = sock.getsockname()[1]
-        config = uvicorn.Config(self.app, log_config=None, log_level="warning", access_log=False,
-                                lifespan="off", loop="asyncio", server_header=False,
-                                timeout_graceful_shutdown=GRACE_S, timeout_keep_alive=KEEP_ALIVE_S)
-        self._server, self._failure = uvicorn.Server(config), None
-        self._thread = threading.Thread(target=self._serve, args=(self._server, sock),
-                                        name=f"areal-endpoint-{self._port}", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + 30
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"EndpointServer: the server on port {self._port} did not start "
-                                   f"({self._failure!r}).") from self._failure
-            time.sleep(0.01)
+        return sock
+
+    def _config(self) -> uvicorn.Config:
+        return uvicorn.Config(self.app, log_config=None, log_level="warning", access_log=False, lifespan="off",
+                              loop="asyncio", server_header=False, timeout_graceful_shutdown=GRACE_S,
+                              timeout_keep_alive=KEEP_ALIVE_S)
+
+    async def serving(self) -> None:
+        """Whether it listens, as :class:`~areal_trainer.rollout.agents.loop_endpoint.LoopEndpoint` asks."""
+        if self._server is None or not self._server.started:
+            raise RuntimeError("EndpointServer: start() it before handing out keys.")
 
     def _serve(self, server: uvicorn.Server, sock: socket.socket) -> None:
         try:
@@ -243,8 +255,7 @@ class EndpointServer:
         self._thread = self._server = None
 
     def __enter__(self) -> EndpointServer:
-        self.start()
-        return self
+        return self.start() or self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()

@@ -140,7 +140,9 @@ class AgentWorkflow:
             groups = self._loop.run(self._rollout(samples, gconfig), notice_s=self.block_notice, abandon_s=abandon,
                                     on_block=lambda where, seconds: blocks.append(where))
         except LoopBlocked as e:
-            self._loop = None  # its thread is the agent's now; the next call gets a new loop (the stall was counted)
+            # Its thread is the agent's now, with the endpoint it serves; the next call gets a new loop and endpoint
+            # (the stall was counted).
+            self._loop = self.server = None
             groups = self.rows.lost(samples, gconfig.n_samples, where=e.where, seconds=e.seconds)
         self._notify_blocked(blocks)
         if groups:  # a count of the whole rollout call: on its first group, so that the sum over groups is it
@@ -201,14 +203,14 @@ class AgentWorkflow:
 
     async def _run_episode(self, session: EpisodeSession, row: dict) -> Outcome:
         """One episode on its own copy of the prompt's ``row`` (:meth:`data`): an agent may change its messages."""
-        key = None
+        server = key = None
         try:
             async with asyncio.timeout(self.timeout) as deadline:
                 try:
                     if self.agent.style == "http":
-                        key = self._open_key(session)
+                        server, key = await self._open_key(session)
                     data = {**row, "messages": [dict(m) for m in row["messages"]]}
-                    result = await self._call(session, data, key)
+                    result = await self._call(session, data, server, key)
                     return Outcome(session, "ok", result)
                 except Exception as e:  # noqa: BLE001 - the agent's error is contained and counted
                     if deadline.expired():
@@ -222,7 +224,7 @@ class AgentWorkflow:
         finally:
             session.closed = True
             if key is not None:
-                self.server.close_episode(key)
+                server.close_episode(key)
 
     @staticmethod
     def data(sample: dict) -> dict:
@@ -237,14 +239,22 @@ class AgentWorkflow:
             messages = with_image_urls(messages, images.open())
         return {**columns, "messages": messages}
 
-    def _open_key(self, session: EpisodeSession) -> str:
-        from .endpoint import EndpointServer, LoopHandler  # the HTTP stack loads only for http agents
+    async def _open_key(self, session: EpisodeSession) -> tuple[Any, str]:
+        """The endpoint and the episode's key to it. The endpoint serves on the episodes' loop: the first episode
+        starts it, and every episode waits until it listens, so none gets a key to a dead server."""
+        from .endpoint import LoopHandler  # the HTTP stack loads only for http agents
+        from .loop_endpoint import LoopEndpoint
 
         if self.server is None:
-            server = EndpointServer()
-            server.start()  # kept only once it listens, so no episode gets a key to a dead server
-            self.server = server
-        return self.server.open_episode(LoopHandler(session, asyncio.get_running_loop()))
+            self.server = LoopEndpoint()
+        server = self.server
+        try:
+            await server.serving()
+        except Exception:
+            if self.server is server:  # the next episode tries a new one
+                self.server = None
+            raise
+        return server, server.open_episode(LoopHandler(session, asyncio.get_running_loop()))
 
     def close(self) -> None:
         """Stop the HTTP endpoint, if one was started, and close the episodes' event loop (the trainer calls
@@ -272,11 +282,11 @@ class AgentWorkflow:
         except Exception as e:  # noqa: BLE001 - the run is ending; the agent's failure must not hide it
             _warn(f"rollout.agent {self.agent.path}: its close() failed: {_describe(e)}")
 
-    async def _call(self, session: EpisodeSession, data: dict, key: str | None) -> Any:
+    async def _call(self, session: EpisodeSession, data: dict, server: Any, key: str | None) -> Any:
         run = self.instance.run if self.instance is not None else self.agent.target
         kwargs = {} if self.agent.is_class else dict(self.agent.kwargs)
         if self.agent.style == "http":
-            kwargs.update(base_url=self.server.base_url, api_key=key)
+            kwargs.update(base_url=server.base_url, api_key=key)
             if self.agent.is_async:
                 return await run(data, **kwargs)
             return await asyncio.to_thread(run, data, **kwargs)

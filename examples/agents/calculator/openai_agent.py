@@ -11,6 +11,10 @@ seed (``tests/rollout/test_agent_forms.py``):
   key with ``with_options`` (which shares the connection pool); ``close()`` closes it when the run ends.
   Building an ``openai.AsyncOpenAI`` costs 20 ms or more of CPU (its TLS setup), in every episode if
   done there: :func:`run_new_client` does that, for comparison (``scripts/bench_agents.py``).
+  The client sends through aiohttp (the ``openai`` package's ``DefaultAioHttpClient``, installed by
+  ``pip install "openai[aiohttp]"``): its default transport, httpx, checks every pooled connection on
+  each request, which with 64 episodes in flight costs about 10 ms a request (docs/agents_http.md).
+  :class:`HTTPxAgent` is the same agent on the default transport, for comparison.
 
     python -m areal_trainer --config-dir examples/agents/calculator --config-name calculator \\
         rollout.agent=examples.agents.calculator.openai_agent.HTTPAgent
@@ -19,6 +23,7 @@ seed (``tests/rollout/test_agent_forms.py``):
 from __future__ import annotations
 
 import json
+import warnings
 
 from .agent import calc, final_answer
 
@@ -56,18 +61,32 @@ async def run(data, *, client):
     return await solve(data, client)
 
 
+def async_client(base_url: str, api_key: str, *, aiohttp: bool = True):
+    """An ``openai.AsyncOpenAI`` without retries (a retried request would be sampled and trained twice), on
+    aiohttp when ``aiohttp`` and the package's aiohttp extra is installed (else on httpx, with a warning)."""
+    import openai
+
+    extra = {}
+    if aiohttp:
+        try:
+            extra["http_client"] = openai.DefaultAioHttpClient()
+        except RuntimeError as e:  # the extra is missing: httpx works, slower with many episodes in flight
+            warnings.warn(f"{e}; using httpx, which costs about 10 ms a request with 64 episodes in flight "
+                          '(pip install "openai[aiohttp]")', stacklevel=2)
+    return openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, **extra)
+
+
 class HTTPAgent:
-    """Over the run's HTTP endpoint, with one ``openai.AsyncOpenAI`` for the whole run."""
+    """Over the run's HTTP endpoint, with one ``openai.AsyncOpenAI`` (on aiohttp) for the whole run."""
+
+    aiohttp = True
 
     def __init__(self):
         self.client = None
 
     async def run(self, data, *, base_url, api_key):
-        import openai
-
         if self.client is None:
-            # No retries: every request is sampled and trained on, so a retried one would count twice.
-            self.client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+            self.client = async_client(base_url, api_key, aiohttp=self.aiohttp)
         return await solve(data, self.client.with_options(base_url=base_url, api_key=api_key))
 
     async def close(self):
@@ -76,9 +95,13 @@ class HTTPAgent:
             await self.client.close()
 
 
+class HTTPxAgent(HTTPAgent):
+    """:class:`HTTPAgent` on the ``openai`` package's default transport (httpx)."""
+
+    aiohttp = False
+
+
 async def run_new_client(data, *, base_url, api_key):
     """Over HTTP with a new client in every episode (slower: see the module docstring)."""
-    import openai
-
-    async with openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
+    async with async_client(base_url, api_key) as client:
         return await solve(data, client)
