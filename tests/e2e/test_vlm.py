@@ -13,7 +13,7 @@ import sys
 
 from areal_trainer.data import pictures
 
-from .helpers import cli, cli_env, comparable, step_records
+from .helpers import ROOT, cli, cli_env, comparable, step_records
 from .test_agent_forms import _records
 
 VLM = ["+scale=tiny", "actor.path=builtin:tiny-vlm", "allow_builtin_model_on_any_data=true", "saver.freq_steps=1",
@@ -168,3 +168,14 @@ def test_an_agent_sends_the_rows_pictures_in_process_and_over_http_and_both_trai
     assert all(r["agent/calls"] == r["agent/episodes"] > 0 and r["agent/bad_requests"] == 0 for r in steps)
     assert all(r["mismatch/abs_logp_diff/max"] < 1e-4 for r in steps)
     assert [r["step"] for r in local if "eval/agent/episodes" in r] == [0, 2]
+
+
+def test_the_example_config_composes_with_its_recipe(tmp_path):
+    """examples/vlm/README.md's recipe: 8 pictures x 4 answers, the vision encoder frozen, synchronous without the
+    recompute (the engine's log-probs are the policy's)."""
+    args = ["--config-dir", f"{ROOT}/examples/vlm", "--config-name", "smollm2_vlm", "--cfg", "job"]
+    out = cli(args, cwd=tmp_path).stdout
+    for line in ("total_train_steps: 40", "n_samples: 4", "batch_size: 8", "freeze_vision: true",
+                 "recompute_logprob: false", "use_decoupled_loss: false", "rejection_sampling: null",
+                 "fn: areal_trainer.reward.words.first_word_reward"):
+        assert line in out, line
