@@ -14,6 +14,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("AREAL_TRAINER_CACHE", os.path.join(tempfile.gettempdir(), "areal_trainer_test_cache"))
 
 import inspect  # noqa: E402
+import signal  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -21,6 +22,12 @@ import torch  # noqa: E402
 # Two threads at most; one in each of several pytest-xdist workers (scripts/test.sh runs two), so
 # that the workers' kernels do not wait at OpenMP barriers for threads the other worker holds.
 torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else min(2, torch.get_num_threads()))
+
+# A suite started in the background of a non-interactive shell (``pytest ... &``, nohup) inherits SIGINT
+# ignored, and so would every run it starts: the tests' Ctrl-C would then go unheard (the run ends with 0, or
+# not at all). Python turns a default SIGINT into KeyboardInterrupt, so the runs get the terminal's behaviour.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="module")
