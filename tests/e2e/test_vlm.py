@@ -11,6 +11,8 @@ import shutil
 import subprocess
 import sys
 
+import yaml
+
 from areal_trainer.data import pictures
 
 from .helpers import ROOT, cli, cli_env, comparable, step_records
@@ -171,11 +173,16 @@ def test_an_agent_sends_the_rows_pictures_in_process_and_over_http_and_both_trai
 
 
 def test_the_example_config_composes_with_its_recipe(tmp_path):
-    """examples/vlm/README.md's recipe: 8 pictures x 4 answers, the vision encoder frozen, synchronous without the
-    recompute (the engine's log-probs are the policy's)."""
+    """examples/vlm/README.md's recipe: a warm start of 4 steps of 32 rows, then 8 pictures x 4 answers, the vision
+    encoder frozen, synchronous without the recompute (the engine's log-probs are the policy's)."""
     args = ["--config-dir", f"{ROOT}/examples/vlm", "--config-name", "smollm2_vlm", "--cfg", "job"]
-    out = cli(args, cwd=tmp_path).stdout
-    for line in ("total_train_steps: 40", "n_samples: 4", "batch_size: 8", "freeze_vision: true",
-                 "recompute_logprob: false", "use_decoupled_loss: false", "rejection_sampling: null",
-                 "fn: areal_trainer.reward.words.first_word_reward"):
-        assert line in out, line
+    cfg = yaml.safe_load(cli(args, cwd=tmp_path).stdout)
+    recipe = {"total_train_steps": 40, "gconfig.n_samples": 4, "train_dataset.batch_size": 8,
+              "sft_warmup.steps": 4, "sft_warmup.batch_size": 32, "sft_warmup.lr": 5e-5,
+              "actor.freeze_vision": True, "actor.recompute_logprob": False, "actor.use_decoupled_loss": False,
+              "actor.rejection_sampling": None, "reward.fn": "areal_trainer.reward.words.first_word_reward"}
+    for key, value in recipe.items():
+        node = cfg
+        for part in key.split("."):
+            node = node[part]
+        assert node == value, (key, node)
