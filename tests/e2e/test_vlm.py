@@ -2,8 +2,8 @@
 generated pictures in TRL's vision layout (a ``.jsonl`` file with PNG files beside it): GRPO with full fine-tuning
 (the KL reference and evaluation seeing the images too) and with LoRA, PPO with a critic, each resuming from its
 step-1 checkpoint to repeat step 2 exactly; the checkpoint holds the processor; samples.jsonl names each row's
-images; on-policy distillation from a VLM teacher; FSDP2 with two processes; a bad image input stops the run
-with one line before any model loads."""
+images; on-policy distillation from a VLM teacher; every other preset in one sweep; asynchronous and lagged
+generation; FSDP2 with two processes; a bad image input stops the run with one line before any model loads."""
 
 import json
 import math
@@ -15,6 +15,7 @@ import yaml
 
 from areal_trainer.data import pictures
 
+from .. import golden
 from .helpers import ROOT, cli, cli_env, comparable, step_records
 from .test_agent_forms import _records
 
@@ -124,6 +125,30 @@ def test_image_rows_on_a_text_only_model_stop_the_run_before_any_model_loads(tmp
                cwd=tmp_path, check=False)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert "actor.path='builtin:tiny' is a text-only model (no vision tower, no image processor)" in proc.stderr
+
+
+def test_every_preset_trains_on_image_rows(tmp_path):
+    """The presets but distillation (its own test above), as one sweep: two steps of two minibatches each, so that
+    ratios, clips, gates and masks move; DAPO's dynamic sampling keeps each group's pictures with its rows."""
+    algos = [a for a in golden.presets() if a != "distill"]
+    cli(["-m", f"algo={','.join(algos)}", *VLM, *_data(tmp_path), "actor.ppo_n_minibatches=2",
+         "hydra.sweep.dir=sweep", "saver.freq_steps=null"], cwd=tmp_path, timeout=900)
+    for i, algo in enumerate(algos):
+        steps = _finite_steps(tmp_path / "sweep" / f"{i}-{algo}-seed1")
+        assert all(r.get("update/skipped_steps", 0) == 0 and r["update/grad_norm"] > 0 for r in steps.values()), algo
+        assert all(r["rollout/rows"] > 0 for r in steps.values()), algo
+        if algo == "ppo":
+            assert "critic/value_loss" in steps[2]
+
+
+def test_asynchronous_training_samples_image_prompts_within_the_staleness_bound(tmp_path):
+    """Generation in its own thread, one version ahead at most, on image rows."""
+    args = ["--config-name", "grpo", *VLM, *_data(tmp_path), "rollout.max_head_offpolicyness=1",
+            "total_train_steps=3", "saver.freq_steps=null", "trial_name=async"]
+    cli(args, cwd=tmp_path)
+    steps = step_records(tmp_path / "outputs" / "grpo" / "async", "reward/task")
+    assert sorted(steps) == [1, 2, 3]
+    assert all(math.isfinite(r["update/grad_norm"]) and r["actor/staleness/max"] <= 1 for r in steps.values())
 
 
 def test_the_lagged_mode_samples_image_prompts_reproducibly(tmp_path):
