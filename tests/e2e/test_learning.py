@@ -21,11 +21,8 @@ from ..isolation import needs_isolation
 from .helpers import ROOT, cli
 
 pytestmark = pytest.mark.learning
-# .ci/run gives these checks two workers (``-n 2 --dist loadgroup``). The code task alone takes about 11 minutes
-# of one thread, the calculator 7, the others 1-3: the two groups split the work evenly (about 13 and 12 minutes
-# at 36c3303 under portable kernels) where xdist's default split put the two longest on one worker (18).
-ONE = pytest.mark.xdist_group("code_task_and_two_short")
-TWO = pytest.mark.xdist_group("calculator_and_the_rest")
+# .ci/run runs these checks in two processes at once, the code task (about 12 minutes of one thread) with the
+# multi-turn check, and the other five (about 14 in all): keep the split even when a check is added or changed.
 EXAMPLES = os.path.join(ROOT, "examples")
 
 
@@ -50,7 +47,6 @@ def _run(args: list[str], cwd, cache: str | None, timeout: float = 2400) -> dict
     return steps
 
 
-@TWO
 def test_the_calculator_agent_calls_its_tool_and_learns_to_subtract(tmp_path, cache):
     """examples/agents/calculator: the warm start answers about half the held-out problems by calling the tool
     (measured 48-56% of 100, six runs); 25 RL steps take it near 100% (measured 97-99% of 500)."""
@@ -64,7 +60,6 @@ def test_the_calculator_agent_calls_its_tool_and_learns_to_subtract(tmp_path, ca
 
 
 @needs_isolation
-@ONE
 def test_the_code_task_learns_to_pass_unit_tests_in_10_steps(tmp_path):
     """examples/code_task: SmolLM2-135M-Instruct writing Python functions, rewarded by sandboxed unit tests. Its
     first 10 steps (the recipe's own data and held-out problems, seed 1) take the held-out answers passing every
@@ -94,7 +89,6 @@ def _gain(steps: dict[int, dict], last: int) -> tuple[float, float]:
     return steps[0]["eval/accuracy"], steps[last]["eval/accuracy"] - steps[0]["eval/accuracy"]
 
 
-@TWO
 def test_the_main_command_learns_in_25_steps(tmp_path, cache):
     """The repository's main command (README): the warm start answers 24-37% of the 500 held-out problems and
     25 GRPO steps add 4.4-31.2 points (seeds 1-3, native and portable kernels: docs/benchmarks.md)."""
@@ -104,7 +98,6 @@ def test_the_main_command_learns_in_25_steps(tmp_path, cache):
     assert gain >= 0.03
 
 
-@ONE
 def test_the_try_again_agent_learns_in_25_steps(tmp_path, cache):
     """examples/agents/try_again: 26-38% of the held-out problems right within two answers after the warm start,
     and 4.4-24.8 points more after 25 steps (seeds 1-3, native and portable kernels: its README)."""
@@ -114,7 +107,6 @@ def test_the_try_again_agent_learns_in_25_steps(tmp_path, cache):
     assert gain >= 0.03
 
 
-@ONE
 def test_the_multi_turn_workflow_learns_in_25_steps(tmp_path, cache):
     """examples/multi_turn (``MultiTurnWorkflow``, turn-level GAE): after the warm start 26-39% of the held-out
     problems right within two answers; 25 steps add 13.2-22.8 points at seeds 1-3 under native kernels and
@@ -126,7 +118,6 @@ def test_the_multi_turn_workflow_learns_in_25_steps(tmp_path, cache):
     assert gain >= 0.05
 
 
-@TWO
 def test_the_http_agents_episode_server_learns_in_25_steps(tmp_path, cache):
     """examples/agents/http_agent with one episode process for the run (``EpisodeServer``): 26-38% of the
     held-out problems right within two answers after the warm start, 8.4-22.6 points more after 25 steps,
@@ -138,7 +129,6 @@ def test_the_http_agents_episode_server_learns_in_25_steps(tmp_path, cache):
     assert gain >= 0.03
     assert sum(r.get("agent/errors", 0) for r in steps.values()) == 0 and steps[25]["eval/agent/errors"] == 0
 
-@TWO
 def test_pure_distillation_follows_an_rl_trained_teacher(tmp_path, cache):
     """examples/distill shortened: a teacher RL-trained for 100 steps from another seed (measured +19.6 and
     +25.4 points, to 58%), then 25 steps of pure distillation (``+arm=distill``): the held-out reverse KL to
