@@ -12,6 +12,8 @@ import sys
 import time
 from collections.abc import Callable
 
+from . import forkserver
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HANG = 300
 """Seconds after which a wait of an e2e test fails as a hang: far past what a healthy run takes on a slow,
@@ -35,8 +37,14 @@ def cli_env(extra: dict | None = None) -> dict:
 
 def cli(args: list[str], cwd: str, timeout: float = HANG, check: bool = True,
         env: dict | None = None) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "areal_trainer", *args], cwd=cwd, env=cli_env(env),
-                          capture_output=True, text=True, timeout=timeout)
+    """``python -m areal_trainer *args`` run to its end (forked from a server that has imported the trainer,
+    see :mod:`.forkserver`, where the environment allows); fails with its output unless it exits 0 or
+    ``check`` is false."""
+    full = cli_env(env)
+    proc = forkserver.run(args, cwd, full, timeout, base=cli_env())
+    if proc is None:
+        proc = subprocess.run([sys.executable, "-m", "areal_trainer", *args], cwd=cwd, env=full,
+                              capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout[-3000:]}\nSTDERR:\n{proc.stderr[-5000:]}")
     return proc
