@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up .venv (if needed), lint, and run the default (CPU) test suite; then the vLLM rollout
-# backend's tests (tests/vllm) inside .venv-vllm, made by scripts/setup_vllm_cpu.sh.
+# backend's tests (tests/vllm) inside .venv-vllm, made by scripts/setup_vllm_cpu.sh
+# (scripts/test_vllm.sh).
 # Extra arguments go to the main suite's pytest, e.g.  bash scripts/test.sh -k loss
 #
 # AREAL_TEST_VLLM=1: the vLLM tests must run (a failed .venv-vllm setup fails the run; the default
@@ -23,14 +24,6 @@ workers=${AREAL_TEST_WORKERS:-2}
 .venv/bin/python -m pytest -q -m "not slow and not learning" --durations=15 \
   $([ "$workers" != 0 ] && echo "-n $workers --dist loadfile") "$@" || rc=$?
 if [ "$want" != 0 ]; then
-  if bash scripts/setup_vllm_cpu.sh; then
-    # One thread: vLLM's in-process CPU engine slows down badly when OpenMP threads compete for cores.
-    OMP_NUM_THREADS=1 .venv-vllm/bin/python -m pytest -q -m "not slow" --durations=5 -rs tests/vllm || rc=$?
-  elif [ "$want" = 1 ]; then
-    echo "error: scripts/setup_vllm_cpu.sh failed, so tests/vllm cannot run (AREAL_TEST_VLLM=0 skips them)" >&2
-    rc=1
-  else
-    echo "warning: scripts/setup_vllm_cpu.sh failed; tests/vllm were not run" >&2
-  fi
+  AREAL_TEST_VLLM=$([ "$want" = 1 ] && echo 1 || echo auto) bash scripts/test_vllm.sh || rc=$?
 fi
 exit "$rc"

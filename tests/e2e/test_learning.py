@@ -21,8 +21,10 @@ from ..isolation import needs_isolation
 from .helpers import ROOT, cli
 
 pytestmark = pytest.mark.learning
-# .ci/run runs these checks in two processes at once, the code task (about 12 minutes of one thread) with the
-# multi-turn check, and the other five (about 14 in all): keep the split even when a check is added or changed.
+# .ci/run runs these checks in two processes at once: the code task (about 8 minutes of one thread) with the
+# multi-turn, main-command, try-again and HTTP checks (about 5 in all); beside them the vLLM tests (about 4)
+# followed by the calculator (about 8) and distillation (about 3). Keep the two streams even when a check is
+# added or changed.
 EXAMPLES = os.path.join(ROOT, "examples")
 
 
@@ -60,12 +62,12 @@ def test_the_calculator_agent_calls_its_tool_and_learns_to_subtract(tmp_path, ca
 
 
 @needs_isolation
-def test_the_code_task_learns_to_pass_unit_tests_in_10_steps(tmp_path):
+def test_the_code_task_learns_to_pass_unit_tests_in_5_steps(tmp_path):
     """examples/code_task: SmolLM2-135M-Instruct writing Python functions, rewarded by sandboxed unit tests. Its
-    first 10 steps (the recipe's own data and held-out problems, seed 1) take the held-out answers passing every
-    test from 23.4% to 64.1% and the mean fraction of tests passed from 0.241 to 0.718, under native and portable
-    kernels alike (the same samples: the pretrained weights leave no warm start to land elsewhere). Its README
-    has seeds 1-3."""
+    first 5 steps (the recipe's own data and held-out problems, seed 1) take the held-out answers passing every
+    test from 23.4% to 57.8% and the mean fraction of tests passed from 0.241 to 0.649 under portable kernels
+    (to 64.1-67.2% and 0.718-0.748 at step 10; the pretrained weights leave no warm start to land elsewhere on
+    another CPU). Its README has seeds 1-3."""
     from areal_trainer.model import smollm2
 
     if not smollm2.is_converted(smollm2.checkpoint_dir()) and not all(
@@ -76,9 +78,9 @@ def test_the_code_task_learns_to_pass_unit_tests_in_10_steps(tmp_path):
     write_jsonl(str(tmp_path / "data" / "code_train.jsonl"), 2000, 0)
     write_jsonl(str(tmp_path / "data" / "code_test.jsonl"), 200, 1)
     args = ["--config-dir", os.path.join(EXAMPLES, "code_task"), "--config-name", "smollm2_code",
-            "total_train_steps=10", "stats_logger.progress_bar=false"]
+            "total_train_steps=5", "evaluator.freq_steps=5", "stats_logger.progress_bar=false"]
     steps = _run(args, tmp_path, cache=None)
-    before, after = steps[0], steps[10]
+    before, after = steps[0], steps[5]
     assert before["eval/accuracy"] >= 0.10
     assert after["eval/accuracy"] >= before["eval/accuracy"] + 0.15
     assert after["eval/reward"] >= before["eval/reward"] + 0.15
