@@ -168,21 +168,20 @@ def _close() -> None:
 
 # -- the server ---------------------------------------------------------------------------------------------
 def _warm() -> None:
-    """Import what every run imports: the libraries and each module of the trainer (those whose optional
-    dependencies are missing are left to the runs, which report them)."""
+    """Import what every run imports: the libraries and each module of the trainer (those missing here, or
+    whose optional dependencies are, are left to the runs, which report them)."""
     import matplotlib
 
     matplotlib.use("Agg")
-    for name in WARM:
-        importlib.import_module(name)
     import areal_trainer
 
-    for info in pkgutil.walk_packages(areal_trainer.__path__, "areal_trainer."):
-        if not info.name.endswith("__main__"):
-            try:
-                importlib.import_module(info.name)
-            except ImportError:
-                pass
+    trainer = (info.name for info in pkgutil.walk_packages(areal_trainer.__path__, "areal_trainer.")
+               if not info.name.endswith("__main__"))
+    for name in (*WARM, *trainer):
+        try:
+            importlib.import_module(name)
+        except ImportError:  # not installed in this environment (tabulate in .venv-vllm, ...)
+            pass
 
 
 def serve(requests_fd: int, replies_fd: int) -> None:
