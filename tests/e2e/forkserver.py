@@ -19,6 +19,7 @@ where a fresh process draws one; runs never depend on it (their seeds are set fr
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib
 import json
 import os
@@ -90,7 +91,13 @@ class ForkServer:
             request = {"argv": argv, "cwd": str(cwd), "env": env, "stdout": out, "stderr": err}
             os.write(self._requests, json.dumps(request).encode() + b"\n")
             pid = self._reply(timeout=60)["pid"]
-            status = self._reply(timeout)
+            try:
+                status = self._reply(timeout)
+            except BaseException:  # an interrupted test (Ctrl-C): the run ends with it, as subprocess.run's does
+                with contextlib.suppress(Exception):
+                    os.kill(pid, signal.SIGKILL)
+                    self._reply(timeout=60)  # its exit status, so that the next run reads its own
+                raise
             if status is None:
                 os.kill(pid, signal.SIGKILL)
                 self._reply(timeout=60)
