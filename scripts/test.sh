@@ -24,6 +24,6 @@ workers=${AREAL_TEST_WORKERS:-2}
 .venv/bin/python -m pytest -q -m "not slow and not learning" --durations=15 \
   $([ "$workers" != 0 ] && echo "-n $workers --dist loadfile") "$@" || rc=$?
 if [ "$want" != 0 ]; then
-  AREAL_TEST_VLLM=$([ "$want" = 1 ] && echo 1 || echo auto) bash scripts/test_vllm.sh || rc=$?
+  AREAL_TEST_VLLM=$want bash scripts/test_vllm.sh || rc=$?
 fi
 exit "$rc"

@@ -68,8 +68,7 @@ class ForkServer:
             raise Unusable(f"the fork server cannot fork runs: {ready}")
 
     def fits(self, env: dict[str, str]) -> bool:
-        keys = (set(env) | set(self.env))
-        return all(env.get(k) == self.env.get(k) for k in keys if not k.startswith(RUN_TIME_PREFIX))
+        return not _import_time_differences(env, self.env)
 
     def _reply(self, timeout: float | None) -> dict | None:
         """The next reply line, or None after ``timeout`` s."""
@@ -114,6 +113,11 @@ class ForkServer:
         os.close(self._replies)
 
 
+def _import_time_differences(env: dict[str, str], other: dict[str, str]) -> list[str]:
+    """The keys, other than run-time ones, whose values differ between ``env`` and ``other``."""
+    return sorted(k for k in set(env) | set(other) if not k.startswith(RUN_TIME_PREFIX) and env.get(k) != other.get(k))
+
+
 def _read(path: str) -> str:
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
@@ -138,7 +142,7 @@ def run(argv: list[str], cwd, env: dict[str, str], timeout: float, *,
     if os.environ.get("AREAL_TEST_FORK", "1") == "0" or not hasattr(os, "fork") or _unusable:
         return None
     if _server is not None and not _server.fits(base):
-        _note(f"restart {sorted(k for k in set(base) | set(_server.env) if base.get(k) != _server.env.get(k))}")
+        _note(f"restart {_import_time_differences(base, _server.env)}")
         with _server.lock:
             _server.close()
         _server = None
@@ -150,7 +154,7 @@ def run(argv: list[str], cwd, env: dict[str, str], timeout: float, *,
             warnings.warn(f"{e}; each run starts a process of its own", stacklevel=2)
             return None
     if not _server.fits(env) or not _server.lock.acquire(blocking=False):  # one run at a time: others start
-        _note(f"process {sorted(k for k in set(env) | set(base) if env.get(k) != base.get(k))}")
+        _note(f"process {_import_time_differences(env, _server.env)}")
         return None
     _note("forked")
     try:
