@@ -19,10 +19,11 @@ fi
 rc=0
 # The examples' learning checks run once, under portable kernels, in .ci/run (not here as well).
 # Two workers (AREAL_TEST_WORKERS=0: none), each test file on one of them: the e2e runs are single
-# processes on one thread each, so two of them keep both cores of a small machine busy.
+# processes on one thread each, so two of them keep both cores of a small machine busy. The files go to
+# the workers longest first (tests/conftest.py, tests/durations.json), so that neither ends alone.
 workers=${AREAL_TEST_WORKERS:-2}
 .venv/bin/python -m pytest -q -m "not slow and not learning" --durations=15 \
-  $([ "$workers" != 0 ] && echo "-n $workers --dist loadfile") "$@" || rc=$?
+  $([ "$workers" != 0 ] && echo "-n $workers --dist loadfile --no-loadscope-reorder") "$@" || rc=$?
 if [ "$want" != 0 ]; then
   AREAL_TEST_VLLM=$want bash scripts/test_vllm.sh || rc=$?
 fi

@@ -14,6 +14,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("AREAL_TRAINER_CACHE", os.path.join(tempfile.gettempdir(), "areal_trainer_test_cache"))
 
 import inspect  # noqa: E402
+import json  # noqa: E402
 import signal  # noqa: E402
 
 import pytest  # noqa: E402
@@ -48,7 +49,35 @@ def _runs_the_command_line(item) -> bool:
     return "cli(" in source or "popen(" in source
 
 
+UNMEASURED = 20.0
+"""Seconds counted for an end-to-end test file that ``tests/durations.json`` does not name yet."""
+
+
+def _file_seconds() -> dict[str, float]:
+    """Each test file's seconds in a measured run of the suite (``scripts/test_durations.py`` writes them)."""
+    try:
+        with open(os.path.join(os.path.dirname(__file__), "durations.json")) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
+def _longest_files_first(items) -> None:
+    """Order the files longest first (each file's tests keep their order): two pytest-xdist workers given the
+    files in this order (``scripts/test.sh``) start the long end-to-end files at once, instead of one
+    worker ending alone with one of them."""
+    seconds = _file_seconds()
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def key(item) -> float:
+        name = os.path.relpath(str(item.fspath), root).replace(os.sep, "/")
+        return -seconds.get(name, UNMEASURED if name.startswith("tests/e2e/") else 0.0)
+
+    items.sort(key=key)
+
+
 def pytest_collection_modifyitems(config, items):
+    _longest_files_first(items)
     skip = None if torch.cuda.is_available() else pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
         if _runs_the_command_line(item):

@@ -11,7 +11,9 @@ normal exit (``atexit`` handlers, non-daemon threads, the exit status of ``Syste
 The server has the environment of the runs without their extra keys; when that changes (libraries used
 in the test process add keys to its environment), the server is started again. A run whose extra keys
 include one that a library may read when imported (the thread count, the float kernels, ...) is not
-forked: :func:`run` answers None and the caller starts a process. Only ``AREAL_*`` keys, which the
+forked: :func:`run` (to the run's end) and :func:`start` (left running, as ``subprocess.Popen`` leaves a
+process: signals, kills) answer None, and the caller starts a process. One run of a test process is forked at
+a time; a run started while another is going is a process. Only ``AREAL_*`` keys, which the
 trainer and the tests' plugins read while running, may differ. A forked child has the server's hash seed,
 where a fresh process draws one; runs never depend on it (their seeds are set from the config).
 """
@@ -31,6 +33,7 @@ import sys
 import tempfile
 import threading
 import warnings
+import weakref
 
 RUN_TIME_PREFIX = "AREAL_"
 """Environment keys that may differ between the server and a forked run: read only while a run runs."""
@@ -62,6 +65,10 @@ class ForkServer:
         os.close(replies_w)
         self._buffer = b""
         self.lock = threading.Lock()
+        """Held while a forked run is going: the server serves one at a time."""
+        self.running: int | None = None
+        """The pid of the forked run going (the run's object is not held here: dropped, it is killed)."""
+        self._abandoned = 0
         ready = self._reply(timeout=300)
         if ready != {"ready": True}:
             self.close()
@@ -82,28 +89,30 @@ class ForkServer:
         line, self._buffer = self._buffer.split(b"\n", 1)
         return json.loads(line)
 
-    def run(self, argv: list[str], cwd: str, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
-        """Fork one run; its exit status and output, as :func:`subprocess.run` with ``capture_output`` gives
-        them. After ``timeout`` s the run is killed and :class:`subprocess.TimeoutExpired` raised."""
-        with tempfile.TemporaryDirectory(prefix="forked_run_") as tmp:
-            out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
-            request = {"argv": argv, "cwd": str(cwd), "env": env, "stdout": out, "stderr": err}
-            os.write(self._requests, json.dumps(request).encode() + b"\n")
-            pid = self._reply(timeout=60)["pid"]
-            try:
-                status = self._reply(timeout)
-            except BaseException:  # an interrupted test (Ctrl-C): the run ends with it, as subprocess.run's does
-                with contextlib.suppress(Exception):
-                    os.kill(pid, signal.SIGKILL)
-                    self._reply(timeout=60)  # its exit status, so that the next run reads its own
-                raise
-            if status is None:
-                os.kill(pid, signal.SIGKILL)
-                self._reply(timeout=60)
-                raise subprocess.TimeoutExpired(["areal_trainer", *argv], timeout, _read(out), _read(err))
-            return subprocess.CompletedProcess(["areal_trainer", *argv], status["exit"], _read(out), _read(err))
+    def start(self, argv: list[str], cwd: str, env: dict[str, str]) -> ForkedRun:
+        """Fork one run (the caller holds :attr:`lock`, which the run releases once it has ended)."""
+        while self._abandoned:  # the exit status of a run dropped while running, killed then
+            self._reply(timeout=60)
+            self._abandoned -= 1
+        files = tempfile.TemporaryDirectory(prefix="forked_run_")
+        out, err = os.path.join(files.name, "stdout"), os.path.join(files.name, "stderr")
+        request = {"argv": argv, "cwd": str(cwd), "env": env, "stdout": out, "stderr": err}
+        os.write(self._requests, json.dumps(request).encode() + b"\n")
+        return ForkedRun(self, ["areal_trainer", *argv], self._reply(timeout=60)["pid"], files)
+
+    def _dropped(self, pid: int) -> None:
+        """A run's object was dropped before its end (a failed test): kill the run; its exit status is read
+        before the next run starts."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        self._abandoned += 1
+        self.running = None
+        self.lock.release()
 
     def close(self) -> None:
+        if self.running is not None:  # left running by a test: it ends with the tests, as a daemon would
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.running, signal.SIGKILL)
         os.close(self._requests)  # the server ends at the end of its requests
         try:
             self.proc.wait(timeout=30)
@@ -111,6 +120,73 @@ class ForkServer:
             self.proc.kill()
             self.proc.wait()
         os.close(self._replies)
+
+
+class ForkedRun:
+    """A forked run as :class:`subprocess.Popen` shows a process started with ``stdout=PIPE, stderr=PIPE,
+    text=True``: ``pid``, ``args``, ``returncode``, ``poll``, ``wait``, ``communicate``, ``send_signal``,
+    ``terminate``, ``kill``; ``stdout.read()`` and ``stderr.read()`` wait for the end, as on a pipe. Its output
+    goes to files, read once it has ended. Not for use from several threads at once."""
+
+    def __init__(self, server: ForkServer, args: list[str], pid: int, files: tempfile.TemporaryDirectory):
+        self.args, self.pid, self.returncode = args, pid, None
+        self._server, self._files = server, files
+        self.stdout, self.stderr = _Output(self), _Output(self)
+        server.running = pid
+        # Dropped while running (a test that failed before its run ended): killed, and the server freed.
+        self._finalizer = weakref.finalize(self, server._dropped, pid)
+
+    def poll(self) -> int | None:
+        if self.returncode is None and (status := self._server._reply(timeout=0)) is not None:
+            self._ended(status["exit"])
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            status = self._server._reply(timeout)
+            if status is None:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            self._ended(status["exit"])
+        return self.returncode
+
+    def communicate(self, input=None, timeout: float | None = None) -> tuple[str, str]:  # noqa: A002 - Popen's name
+        self.wait(timeout)
+        return self.stdout.read(), self.stderr.read()
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):  # ended a moment ago, not yet reported
+                os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def _ended(self, code: int) -> None:
+        self.returncode = code
+        self._finalizer.detach()
+        for stream, name in ((self.stdout, "stdout"), (self.stderr, "stderr")):
+            stream.text = _read(os.path.join(self._files.name, name))
+        self._files.cleanup()
+        self._server.running = None
+        self._server.lock.release()
+
+
+class _Output:
+    """A forked run's ``stdout`` or ``stderr``: read as a pipe is, to the end of the run."""
+
+    def __init__(self, run: ForkedRun):
+        self._run, self.text = run, None
+
+    def read(self) -> str:
+        self._run.wait()
+        text, self.text = self.text, ""
+        return text
+
+    def close(self) -> None:
+        pass
 
 
 def _import_time_differences(env: dict[str, str], other: dict[str, str]) -> list[str]:
@@ -130,37 +206,59 @@ _server: ForkServer | None = None
 _unusable: str | None = None
 
 
-def run(argv: list[str], cwd, env: dict[str, str], timeout: float, *,
-        base: dict[str, str]) -> subprocess.CompletedProcess | None:
-    """``python -m areal_trainer *argv`` with the environment ``env``, forked from this process's server. The
-    server has the environment ``base``, the one runs get without extra keys; it is started at the first call
-    and again when ``base`` has changed (libraries that the tests use in this process add keys to its
-    environment: torch's compiler, wandb, pygame, ...). None when ``env`` differs from ``base`` in a key read
-    at import time, when another thread of this process has a forked run going, when the server could not be
-    made safe to fork (a warning says why), or when ``AREAL_TEST_FORK=0`` is set."""
+def start(argv: list[str], cwd, env: dict[str, str], *, base: dict[str, str]) -> ForkedRun | None:
+    """``python -m areal_trainer *argv`` with the environment ``env``, forked from this process's server and
+    left running, as :class:`subprocess.Popen` starts it. The server has the environment ``base``, the one
+    runs get without extra keys; it is started at the first call and again when ``base`` has changed
+    (libraries that the tests use in this process add keys to its environment: torch's compiler, wandb,
+    pygame, ...). None when ``env`` differs from ``base`` in a key read at import time, when another run of
+    this process is forked and going, when the server could not be made safe to fork (a warning says why),
+    or when ``AREAL_TEST_FORK=0`` is set: the caller starts a process."""
     global _server, _unusable
     if os.environ.get("AREAL_TEST_FORK", "1") == "0" or not hasattr(os, "fork") or _unusable:
         return None
     if _server is not None and not _server.fits(base):
+        if not _server.lock.acquire(blocking=False):
+            _note(f"process (a run going, then {_import_time_differences(base, _server.env)})")
+            return None
         _note(f"restart {_import_time_differences(base, _server.env)}")
-        with _server.lock:
-            _server.close()
+        _server.close()
         _server = None
     if _server is None:
         try:
             _server = ForkServer(base)
         except Unusable as e:
             _unusable = str(e)
-            warnings.warn(f"{e}; each run starts a process of its own", stacklevel=2)
+            warnings.warn(f"{e}; each run starts a process of its own", stacklevel=3)
             return None
     if not _server.fits(env) or not _server.lock.acquire(blocking=False):  # one run at a time: others start
         _note(f"process {_import_time_differences(env, _server.env)}")
         return None
     _note("forked")
     try:
-        return _server.run(argv, cwd, env, timeout)
-    finally:
+        return _server.start(argv, cwd, env)
+    except BaseException:
         _server.lock.release()
+        raise
+
+
+def run(argv: list[str], cwd, env: dict[str, str], timeout: float, *,
+        base: dict[str, str]) -> subprocess.CompletedProcess | None:
+    """As :func:`start`, run to its end: its exit status and output as :func:`subprocess.run` with
+    ``capture_output`` gives them. After ``timeout`` s, or when the test is interrupted, the run is killed."""
+    proc = start(argv, cwd, env, base=base)
+    if proc is None:
+        return None
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except BaseException as e:  # a timeout, or an interrupted test (Ctrl-C): the run ends, as subprocess.run's does
+        proc.kill()
+        with contextlib.suppress(Exception):
+            proc.wait(timeout=60)  # its exit status, so that the next run reads its own
+        if isinstance(e, subprocess.TimeoutExpired) and proc.returncode is not None:
+            raise subprocess.TimeoutExpired(proc.args, timeout, proc.stdout.read(), proc.stderr.read()) from None
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def _note(what: str) -> None:

@@ -50,9 +50,17 @@ def cli(args: list[str], cwd: str, timeout: float = HANG, check: bool = True,
     return proc
 
 
-def popen(args: list[str], cwd: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "areal_trainer", *args], cwd=cwd, env=cli_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def popen(args: list[str], cwd, env: dict | None = None,
+          stdout: int = subprocess.PIPE) -> subprocess.Popen | forkserver.ForkedRun:
+    """``python -m areal_trainer *args`` started and left running (forked where the environment allows, as
+    :func:`cli`), with its stderr on a pipe and its stdout on one or ``stdout`` (a forked run's goes to a
+    file either way): ``send_signal``, ``poll``, ``wait``, ``communicate``, ``pid``."""
+    full = cli_env(env)
+    proc = forkserver.start(args, cwd, full, base=cli_env())
+    if proc is None:
+        proc = subprocess.Popen([sys.executable, "-m", "areal_trainer", *args], cwd=cwd, env=full,
+                                stdout=stdout, stderr=subprocess.PIPE, text=True)
+    return proc
 
 
 def wait_until(done: Callable[[], bool], proc: subprocess.Popen, what: str, timeout: float = HANG) -> None:

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from .helpers import HANG, cli, cli_env, wait_until
+from .helpers import HANG, cli, cli_env, popen, wait_until
 
 TINY = ["--config-name", "grpo", "+scale=tiny", "valid_dataset=null", "saver.freq_steps=1", "saver.keep_last=5",
         "experiment_name=x",
@@ -164,10 +164,8 @@ def test_a_stray_directory_beside_the_checkpoints_is_left_alone(run):
 def test_a_second_run_in_the_same_directory_stops_at_once_naming_the_first(tmp_path):
     # The first run's reward waits for the file ``release``: it holds the directory until the second is refused.
     release = tmp_path / "release"
-    first = subprocess.Popen([sys.executable, "-m", "areal_trainer", *TINY, "total_train_steps=3",
-                              "reward.fn=tests.plugins.held_reward", "reward.workers=0"], cwd=tmp_path,
-                             env=cli_env({"AREAL_TEST_RELEASE": str(release)}), stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+    first = popen([*TINY, "total_train_steps=3", "reward.fn=tests.plugins.held_reward", "reward.workers=0"],
+                  tmp_path, {"AREAL_TEST_RELEASE": str(release)})
     try:
         lock = tmp_path / "outputs" / "x" / "t" / ".lock"
         wait_until(lambda: lock.exists() and lock.read_text().strip(), first, "the first run's lock")

@@ -1,22 +1,27 @@
 """A run forked from the tests' fork server (tests/e2e/forkserver.py) is the command line: the same records,
 output and exit status as ``python -m areal_trainer`` in a process of its own, a plugin module found in
 the working directory, the run's own environment; a run past its timeout is killed; an environment
-that a library reads at import time starts a process instead."""
+that a library reads at import time starts a process instead. A run left going (``start``) answers
+signals and ``wait`` as a process does, and one dropped while going is killed."""
 
 from __future__ import annotations
 
+import gc
 import os
+import signal
 import subprocess
 import sys
 
 import pytest
 
 from . import forkserver
-from .helpers import cli_env, comparable, step_records
+from .helpers import cli_env, comparable, step_records, wait_until
 
 pytestmark = pytest.mark.skipif(os.environ.get("AREAL_TEST_FORK") == "0", reason="AREAL_TEST_FORK=0: no forked runs")
 ARGS = ["--config-name", "grpo", "+scale=tiny", "total_train_steps=2", "saver.freq_steps=null",
         "stats_logger.plot=false"]
+LONG = ["total_train_steps=100000", "total_train_epochs=10000"]
+"""Steps and epochs that no test waits for: the run goes on until it is stopped."""
 
 
 def _both(args: list[str], tmp_path):
@@ -75,7 +80,7 @@ def test_the_run_has_its_own_environment(tmp_path):
 def test_a_run_past_its_timeout_is_killed(tmp_path):
     """The timeout (4 s) is far shorter than the run (100000 steps), whatever the machine's speed."""
     with pytest.raises(subprocess.TimeoutExpired):
-        forkserver.run([*ARGS, "total_train_steps=100000"], tmp_path, cli_env(), timeout=4, base=cli_env())
+        forkserver.run([*ARGS, *LONG], tmp_path, cli_env(), timeout=4, base=cli_env())
     proc = forkserver.run([*ARGS, "trial_name=after"], tmp_path, cli_env(), timeout=300, base=cli_env())
     assert proc is not None and proc.returncode == 0  # the server serves the next run
 
@@ -84,3 +89,44 @@ def test_a_run_past_its_timeout_is_killed(tmp_path):
 def test_a_key_read_at_import_time_starts_a_process(tmp_path, key):
     env = cli_env({key: "7" if os.environ.get(key) != "7" else "3"})
     assert forkserver.run(ARGS, tmp_path, env, timeout=300, base=cli_env()) is None
+
+
+def _started(tmp_path, where: str):
+    """A run of 100000 steps, forked and left running, once it has recorded its first step."""
+    (tmp_path / where).mkdir()
+    proc = forkserver.start([*ARGS, *LONG, "trial_name=t"], tmp_path / where, cli_env(), base=cli_env())
+    assert proc is not None, "the run was not forked"
+    wait_until(lambda: (tmp_path / where / "outputs" / "grpo" / "t" / "metrics.jsonl").exists(), proc, "a record")
+    return proc
+
+
+def test_a_started_run_stops_on_a_signal_as_a_process_does(tmp_path):
+    """SIGTERM stops the run with the trainer's line and status, as it stops ``python -m areal_trainer``
+    started by ``subprocess.Popen``; ``poll``, ``wait`` and the output behave as a process's."""
+    proc = _started(tmp_path, "forked")
+    (tmp_path / "process").mkdir()
+    alone = subprocess.Popen([sys.executable, "-m", "areal_trainer", *ARGS, *LONG, "trial_name=t"],
+                             cwd=tmp_path / "process", env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    wait_until(lambda: (tmp_path / "process" / "outputs" / "grpo" / "t" / "metrics.jsonl").exists(), alone,
+               "a record")
+    assert proc.poll() is None and alone.poll() is None
+    with pytest.raises(subprocess.TimeoutExpired):
+        proc.wait(timeout=0.1)
+    for p in (proc, alone):
+        p.send_signal(signal.SIGTERM)
+    outputs = [p.communicate(timeout=300) for p in (proc, alone)]
+    assert proc.returncode == alone.returncode == 143
+    stopped = [[line for line in err.splitlines() if "SIGTERM" in line] for _, err in outputs]
+    assert stopped[0] and stopped[0] == stopped[1]
+    assert proc.stderr.read() == "" and proc.poll() == 143  # read to its end, as a pipe is
+
+
+def test_a_run_dropped_while_going_is_killed_and_the_next_is_forked(tmp_path):
+    """A test that fails while its run goes drops it: the run is killed and the next run is forked."""
+    pid = _started(tmp_path, "dropped").pid
+    gc.collect()
+    proc = forkserver.run([*ARGS, "trial_name=next"], tmp_path / "dropped", cli_env(), timeout=300, base=cli_env())
+    assert proc is not None and proc.returncode == 0
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)

@@ -16,10 +16,9 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 
-from .helpers import HANG, checkpoint_steps, cli_env, wait_until
+from .helpers import HANG, checkpoint_steps, popen, wait_until
 
 STEPS = 32
 ARGS = ["--config-name", "grpo", "+scale=tiny", "saver.freq_steps=1", f"total_train_steps={STEPS}",
@@ -37,8 +36,7 @@ def _history(root) -> list[dict]:
 
 
 def _start(root, env=None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "areal_trainer", *ARGS], cwd=root, env=cli_env(env),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return popen(ARGS, root, env, stdout=subprocess.DEVNULL)
 
 
 def _newest(root) -> int:

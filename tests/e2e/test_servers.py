@@ -15,7 +15,7 @@ import urllib.request
 
 import pytest
 
-from .helpers import cli, cli_env, comparable, ended, processes_left, step_records, wait_until
+from .helpers import cli, cli_env, comparable, ended, popen, processes_left, step_records, wait_until
 
 pytestmark = pytest.mark.e2e
 TINY = ["--config-name", "grpo", "+scale=tiny", "evaluator.freq_steps=null", "saver.freq_steps=null",
@@ -64,9 +64,8 @@ def test_a_killed_server_is_retried_on_the_other_and_restarted(tmp_path, mode):
 
 def long_run(tmp_path, run, *overrides: str) -> subprocess.Popen:
     """A run that goes on until it is stopped, its servers marked as the test's."""
-    return subprocess.Popen([sys.executable, "-m", "areal_trainer", *TINY, *overrides, "total_train_steps=100000",
-                             "total_train_epochs=10000", f"hydra.run.dir={run}"], cwd=tmp_path,
-                            env=cli_env(_marker(tmp_path)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return popen([*TINY, *overrides, "total_train_steps=100000", "total_train_epochs=10000", f"hydra.run.dir={run}"],
+                 tmp_path, _marker(tmp_path))
 
 
 def kill_one_and_recover(proc, run, tmp_path, wait: float = 300) -> None:
