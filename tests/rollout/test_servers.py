@@ -37,6 +37,8 @@ def test_split_keeps_a_prompts_samples_together():
     assert split_runs(prompts, 10) == [(0, 4), (4, 6), (6, 8)]  # no more pieces than distinct prompts
     assert split_runs([a] * 5, 4) == [(0, 5)]
     assert split_runs(prompts, 1) == [(0, 8)]
+    # A long last run: the cut nearest a target would take its end and leave the later pieces nothing.
+    assert split_runs([a, b, a, b, a, a, a, a, a], 5) == [(0, 1), (1, 2), (2, 3), (3, 4), (4, 9)]
 
 
 @settings(max_examples=200, deadline=None)
@@ -44,7 +46,8 @@ def test_split_keeps_a_prompts_samples_together():
 def test_split_covers_every_row_in_order_and_never_cuts_a_run(runs, parts):
     prompts = [[tok] for tok, n in runs for _ in range(n)]
     cuts = split_runs(prompts, parts)
-    assert cuts[0][0] == 0 and cuts[-1][1] == len(prompts) and len(cuts) <= parts
+    distinct = sum(1 for i in range(len(prompts)) if i == 0 or prompts[i] != prompts[i - 1])
+    assert cuts[0][0] == 0 and cuts[-1][1] == len(prompts) and len(cuts) == min(parts, distinct)
     assert all(lo < hi for lo, hi in cuts) and all(x[1] == y[0] for x, y in zip(cuts, cuts[1:]))
     assert all(prompts[lo] != prompts[lo - 1] for lo, _ in cuts[1:])
 

@@ -50,14 +50,17 @@ def split_runs(prompts: Sequence[Sequence[int]], parts: int) -> list[tuple[int, 
     starts = [i for i in range(len(prompts)) if i == 0 or prompts[i] != prompts[i - 1]] + [len(prompts)]
     runs = len(starts) - 1
     parts = max(1, min(parts, runs))
+    inner = starts[1:-1]  # the boundaries a cut may take: at least parts - 1 of them
     out, lo = [], 0
-    for k in range(1, parts + 1):
+    for k in range(1, parts):
         target = round(len(prompts) * k / parts)
-        # the run boundary nearest the target, past the previous cut
-        hi = min((s for s in starts if s > lo), key=lambda s: (abs(s - target), s)) if k < parts else len(prompts)
+        # The boundary nearest the target, past the previous cut, that leaves one for each later cut (a cut
+        # taken far ahead, at the end of a long last run, would leave the later pieces none).
+        usable = [s for j, s in enumerate(inner) if s > lo and len(inner) - 1 - j >= parts - 1 - k]
+        hi = min(usable, key=lambda s: (abs(s - target), s))
         out.append((lo, hi))
         lo = hi
-    return [(lo, hi) for lo, hi in out if hi > lo]
+    return [*out, (lo, len(prompts))]
 
 
 def piece_seed(seed: int, version: int, call: int, piece: int, rank: int = 0) -> int:
