@@ -15,6 +15,10 @@ seed (``tests/rollout/test_agent_forms.py``):
   ``pip install "openai[aiohttp]"``): its default transport, httpx, checks every pooled connection on
   each request, which with 64 episodes in flight costs about 10 ms a request (docs/agents_http.md).
   :class:`HTTPxAgent` is the same agent on the default transport, for comparison.
+* :class:`JSONAgent`: the same requests over HTTP without the ``openai`` package, posted as JSON with one
+  ``aiohttp`` session, for comparison: the package's own work on each request (typing the parameters,
+  building the request, parsing the reply into its types) is left out, so the difference to the in-process
+  form is what the endpoint costs (``scripts/bench_agents.py``).
 
     python -m areal_trainer --config-dir examples/agents/calculator --config-name calculator \\
         rollout.agent=examples.agents.calculator.openai_agent.HTTPAgent
@@ -105,3 +109,54 @@ async def run_new_client(data, *, base_url, api_key):
     """Over HTTP with a new client in every episode (slower: see the module docstring)."""
     async with async_client(base_url, api_key) as client:
         return await solve(data, client)
+
+
+class JSONAgent:
+    """Over the run's HTTP endpoint, posting the requests as JSON with one ``aiohttp`` session for the run."""
+
+    def __init__(self):
+        self.session = None
+
+    async def run(self, data, *, base_url, api_key):
+        import aiohttp
+
+        if self.session is None:
+            self.session = aiohttp.ClientSession()
+        return await solve(data, _JSONClient(self.session, base_url, api_key))
+
+    async def close(self):
+        if self.session is not None:
+            await self.session.close()
+
+
+class _JSONClient:
+    """Just enough of ``openai.AsyncOpenAI`` for :func:`solve`: ``chat.completions.create(**body)``."""
+
+    def __init__(self, session, base_url: str, api_key: str):
+        self.chat = self.completions = self
+        self._session, self._url = session, base_url.rstrip("/") + "/chat/completions"
+        self._headers = {"Authorization": f"Bearer {api_key}"}
+
+    async def create(self, **body):
+        async with self._session.post(self._url, json=body, headers=self._headers) as response:
+            reply = await response.json()
+            if response.status != 200:
+                raise RuntimeError(f"{self._url}: {response.status} {reply}")
+        return _fields(reply)
+
+
+class _Fields(dict):
+    """A JSON object whose fields also read as attributes, as the ``openai`` package's types do (a field left
+    out reads as None, as their optional fields do); sent back as JSON unchanged (an assistant message
+    appended to the conversation)."""
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _fields(self.get(name))
+
+
+def _fields(value):
+    if isinstance(value, dict):
+        return _Fields(value)
+    return [_fields(v) for v in value] if isinstance(value, list) else value
