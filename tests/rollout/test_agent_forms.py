@@ -92,6 +92,21 @@ def test_the_http_and_in_process_forms_give_the_same_rows_call_after_call(engine
     assert sum(s["agent/tool_calls"].value for s in stats) > 0
 
 
+def test_the_example_agent_posting_json_without_the_package_gives_the_same_rows(engine):
+    """The calculator example's ``JSONAgent`` (its requests posted as JSON with aiohttp, no ``openai`` package)
+    against its in-process form: the same rows call after call, so that ``scripts/bench_agents.py`` compares
+    like with like."""
+    tok = engine[1]
+    agent = "examples.agents.calculator.openai_agent."
+    local, local_sizes = _rollouts(engine, tok, agent + "run", "episodes")
+    raw, raw_sizes = _rollouts(engine, tok, agent + "JSONAgent", "episodes")
+    assert local_sizes == raw_sizes
+    for a, b in zip(local, raw):
+        _same_groups(a, b)
+    stats = [g.stats for call in raw for g in call]
+    assert sum(s["agent/tool_calls"].value for s in stats) > 0 and sum(s["agent/errors"].value for s in stats) == 0
+
+
 def test_each_generation_call_holds_every_episode_in_flight(engine):
     """12 episodes: the first call samples all 12 first requests; later calls all the episodes still going."""
     tok = engine[1]
