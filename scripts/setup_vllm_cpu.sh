@@ -89,7 +89,7 @@ fi
 installed=$(cd / && "$VPY" -c "import areal_trainer, os; print(os.path.dirname(os.path.dirname(areal_trainer.__file__)))" \
             2>/dev/null || true)
 if [ "$installed" != "$ROOT" ]; then
-  pipq install --no-deps -e .
+  ( flock 7 2>/dev/null || true; pipq install --no-deps -e . ) 7>.install.lock  # one at a time per checkout, as in setup.sh
   step "installed areal_trainer from $ROOT (editable)"
 fi
 

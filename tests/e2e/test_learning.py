@@ -22,9 +22,9 @@ from .helpers import ROOT, cli
 
 pytestmark = pytest.mark.learning
 # .ci/run runs these checks in two processes at once: the code task (about 8 minutes of one thread) with the
-# multi-turn, try-again and distillation checks (about 5 in all); beside them the vLLM tests (about 5)
-# followed by the calculator (about 7) and the main-command and HTTP checks (about 3). Keep the two streams
-# even when a check is added or changed.
+# multi-turn, try-again, distillation and main-command checks (about 7 in all); beside them the vLLM tests
+# (about 5) followed by the calculator (about 7) and the HTTP check (about 1.5). Keep the two streams even
+# when a check is added or changed.
 EXAMPLES = os.path.join(ROOT, "examples")
 
 
