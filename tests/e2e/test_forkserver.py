@@ -91,13 +91,18 @@ def test_a_key_read_at_import_time_starts_a_process(tmp_path, key):
     assert forkserver.run(ARGS, tmp_path, env, timeout=300, base=cli_env()) is None
 
 
+def _recorded(proc, cwd):
+    """``proc`` (a run of trial ``t`` in ``cwd``) once it has written its first record."""
+    wait_until(lambda: (cwd / "outputs" / "grpo" / "t" / "metrics.jsonl").exists(), proc, "a record")
+    return proc
+
+
 def _started(tmp_path, where: str):
     """A run of 100000 steps, forked and left running, once it has recorded its first step."""
     (tmp_path / where).mkdir()
     proc = forkserver.start([*ARGS, *LONG, "trial_name=t"], tmp_path / where, cli_env(), base=cli_env())
     assert proc is not None, "the run was not forked"
-    wait_until(lambda: (tmp_path / where / "outputs" / "grpo" / "t" / "metrics.jsonl").exists(), proc, "a record")
-    return proc
+    return _recorded(proc, tmp_path / where)
 
 
 def test_a_started_run_stops_on_a_signal_as_a_process_does(tmp_path):
@@ -105,11 +110,9 @@ def test_a_started_run_stops_on_a_signal_as_a_process_does(tmp_path):
     started by ``subprocess.Popen``; ``poll``, ``wait`` and the output behave as a process's."""
     proc = _started(tmp_path, "forked")
     (tmp_path / "process").mkdir()
-    alone = subprocess.Popen([sys.executable, "-m", "areal_trainer", *ARGS, *LONG, "trial_name=t"],
-                             cwd=tmp_path / "process", env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
-    wait_until(lambda: (tmp_path / "process" / "outputs" / "grpo" / "t" / "metrics.jsonl").exists(), alone,
-               "a record")
+    alone = _recorded(subprocess.Popen([sys.executable, "-m", "areal_trainer", *ARGS, *LONG, "trial_name=t"],
+                                       cwd=tmp_path / "process", env=cli_env(), stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, text=True), tmp_path / "process")
     assert proc.poll() is None and alone.poll() is None
     with pytest.raises(subprocess.TimeoutExpired):
         proc.wait(timeout=0.1)

@@ -62,8 +62,9 @@ def test_a_killed_server_is_retried_on_the_other_and_restarted(tmp_path, mode):
                          run, tmp_path)
 
 
-def long_run(tmp_path, run, *overrides: str) -> subprocess.Popen:
-    """A run that goes on until it is stopped, its servers marked as the test's."""
+def long_run(tmp_path, run, *overrides: str):
+    """A run that goes on until it is stopped, its servers marked as the test's (a ``subprocess.Popen`` or the
+    forked run that behaves as one, :func:`.helpers.popen`)."""
     return popen([*TINY, *overrides, "total_train_steps=100000", "total_train_epochs=10000", f"hydra.run.dir={run}"],
                  tmp_path, _marker(tmp_path))
 
