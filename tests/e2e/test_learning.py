@@ -21,9 +21,9 @@ from ..isolation import needs_isolation
 from .helpers import ROOT, cli
 
 pytestmark = pytest.mark.learning
-# .ci/run runs these checks in two processes at once, after the main suite: the code task (about 7 minutes of one
-# thread), the distillation and the multi-turn checks (about 4 in all); beside them the calculator (about 7), the
-# main-command, try-again and HTTP checks (about 4). The checks on the built-in model's default warm start share it
+# .ci/run runs these checks in two processes at once, after the main suite: the code task (about 5.5 minutes of one
+# thread), the distillation and the multi-turn checks (about 4 in all); beside them the calculator (about 6.5), the
+# main-command, try-again and HTTP checks (about 3.5). The checks on the built-in model's default warm start share it
 # within a process. Keep the two even when a check is added or changed.
 EXAMPLES = os.path.join(ROOT, "examples")
 
