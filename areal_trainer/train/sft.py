@@ -186,15 +186,36 @@ def sft_rows(samples: list[dict], tokenizer) -> tuple[list[dict[str, torch.Tenso
     return rows, vision
 
 
-def sft_warmup(model, tokenizer, samples: list[dict], cfg: SFTWarmupConfig, *, steps: int, seed: int,
-               device: torch.device, autocast_dtype=None, progress: bool = True) -> list[float]:
-    """Train ``model`` in place for ``steps`` steps; returns the loss of every step."""
+def sft_optimizer(model, cfg: SFTWarmupConfig, steps: int):
+    """The warm start's AdamW and its schedule (linear warm-up, cosine decay to a tenth) over ``steps`` steps."""
     from ..config.parts import OptimizerConfig
 
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)
     sched_cfg = OptimizerConfig(lr=cfg.lr, lr_scheduler_type="cosine", min_lr_ratio=0.1,
                                 warmup_steps_proportion=min(1.0, cfg.warmup_steps / max(steps, 1)))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, steps, sched_cfg))
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, steps, sched_cfg))
+
+
+def sft_step(model, batch: dict[str, torch.Tensor], vision: list, opt, sched, autocast_dtype=None) -> float:
+    """One warm-start step on a stacked batch (:func:`stack_rows`): the mean negative log-likelihood of its
+    ``loss_mask`` tokens, clipped at norm 1; returns the loss."""
+    logp, _ = forward_logprobs(model, batch["input_ids"], batch["attention_mask"], temperature=1.0,
+                               autocast_dtype=autocast_dtype, vision=vision)
+    mask = torch.roll(batch["loss_mask"], -1, dims=1)  # position t predicts token t+1
+    mask[:, -1] = 0
+    loss = -(logp * mask).sum() / mask.sum().clamp(min=1)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    sched.step()
+    return float(loss.detach())
+
+
+def sft_warmup(model, tokenizer, samples: list[dict], cfg: SFTWarmupConfig, *, steps: int, seed: int,
+               device: torch.device, autocast_dtype=None, progress: bool = True) -> list[float]:
+    """Train ``model`` in place for ``steps`` steps; returns the loss of every step."""
+    opt, sched = sft_optimizer(model, cfg, steps)
     gen = torch.Generator().manual_seed(seed)
     losses = []
     # Each text row is tokenized once, the first time it is drawn: rendering the chat template (several times
@@ -216,17 +237,7 @@ def sft_warmup(model, tokenizer, samples: list[dict], cfg: SFTWarmupConfig, *, s
         idx = torch.randint(len(samples), (cfg.batch_size,), generator=gen).tolist()
         rows, vision = map(list, zip(*map(row, idx)))
         batch = {k: v.to(device) for k, v in stack_rows(rows).items()}
-        logp, _ = forward_logprobs(model, batch["input_ids"], batch["attention_mask"], temperature=1.0,
-                                   autocast_dtype=autocast_dtype, vision=vision)
-        mask = torch.roll(batch["loss_mask"], -1, dims=1)  # position t predicts token t+1
-        mask[:, -1] = 0
-        loss = -(logp * mask).sum() / mask.sum().clamp(min=1)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        losses.append(float(loss.detach()))
+        losses.append(sft_step(model, batch, vision, opt, sched, autocast_dtype))
         bar.set_postfix(loss=f"{losses[-1]:.3f}")
     return losses
 

@@ -6,14 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from areal_trainer.config.parts import OptimizerConfig
 from areal_trainer.config.schema import SFTWarmupConfig
 from areal_trainer.data import arith
 from areal_trainer.model import builtin
 from areal_trainer.rollout.rows import stack_rows
 from areal_trainer.train import sft
-from areal_trainer.train.models.logprobs import forward_logprobs
-from areal_trainer.train.models.optim import lr_factor
 
 CFG = SFTWarmupConfig(lr=6e-3, batch_size=8, warmup_steps=2)
 STEPS = 6
@@ -27,28 +24,14 @@ def _samples(n: int) -> list[dict]:
 
 def _every_draw(model, tok, samples: list[dict], seed: int) -> list[float]:
     """The warm start's loop with every drawn row tokenized at its draw (the reference)."""
-    opt = torch.optim.AdamW(model.parameters(), lr=CFG.lr, betas=(0.9, 0.99), weight_decay=0.0)
-    sched_cfg = OptimizerConfig(lr=CFG.lr, lr_scheduler_type="cosine", min_lr_ratio=0.1,
-                                warmup_steps_proportion=CFG.warmup_steps / STEPS)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, STEPS, sched_cfg))
+    opt, sched = sft.sft_optimizer(model, CFG, STEPS)
     gen = torch.Generator().manual_seed(seed)
-    losses = []
     model.train()
+    losses = []
     for _ in range(STEPS):
         idx = torch.randint(len(samples), (CFG.batch_size,), generator=gen).tolist()
         rows, vision = sft.sft_rows([samples[i] for i in idx], tok)
-        batch = stack_rows(rows)
-        logp, _ = forward_logprobs(model, batch["input_ids"], batch["attention_mask"], temperature=1.0,
-                                   vision=vision)
-        mask = torch.roll(batch["loss_mask"], -1, dims=1)
-        mask[:, -1] = 0
-        loss = -(logp * mask).sum() / mask.sum().clamp(min=1)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        losses.append(float(loss.detach()))
+        losses.append(sft.sft_step(model, stack_rows(rows), vision, opt, sched))
     return losses
 
 
