@@ -10,7 +10,16 @@ one (0 unless the row was truncated). A step is one active token (token mode) or
 turn (turn mode: its rewards summed, its value taken at its first active token). Advantages are 0
 at masked positions and returns there are the values themselves.
 
-The kernels compact each row's steps to the front (a scatter), run the recurrence with
+Token steps with a static lambda in ``[0.5, 1]`` and ``gamma * lambda >= 0.1`` (the usual settings) run
+in place, with no compaction: ``delta`` needs the next step's value, but summed over the steps,
+
+    A_u = sum_k c**k (r + (1/lambda - 1) V)_{u_k} + c**K gamma V_boot - V_u / lambda,    c = gamma * lambda,
+
+(the ``gamma V_{u_k+1}`` terms of ``delta`` are ``(1/lambda) c V_{u_{k+1}}``), a discounted sum over the
+active positions that :func:`areal_trainer.advantage.scan.stepwise_discounted_cumsum` computes without
+moving them. Lambda at least 0.5 bounds the cancellation in ``- V_u / lambda`` to a factor 2.
+
+Otherwise the kernels compact each row's steps to the front (a scatter), run the recurrence with
 :func:`areal_trainer.advantage.scan.reverse_discounted_cumsum`, and gather the result back. One
 host synchronisation per call (the number of steps of the longest row) trims the work.
 """
@@ -26,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import PluginOutputError
-from .scan import reverse_discounted_cumsum
+from .scan import MIN_STEP_COEF, reverse_discounted_cumsum, stepwise_discounted_cumsum
 from .turns import MISSING_TURN_IDS, as_float_mask, validated_turn_starts
 
 TIME_UNITS = ("token", "turn")
@@ -142,6 +151,8 @@ def token_level_gae(
         ``(advantages, returns)``, ``[B, S]`` float32.
     """
     m = as_float_mask(loss_mask)
+    if _in_place(discount, gae_lambda):
+        return _token_gae_in_place(rewards, values, m, bootstrap, discount, gae_lambda)
     return _stepwise_gae(rewards, values, m, m, bootstrap, discount, gae_lambda)
 
 
@@ -158,6 +169,28 @@ def turn_level_gae(
     return _stepwise_gae(rewards, values, m, validated_turn_starts(turn_ids, m), bootstrap, discount, gae_lambda)
 
 
+MIN_IN_PLACE_LAMBDA = 0.5
+"""Smallest lambda of the in-place token kernel (see the module docstring)."""
+
+
+def _in_place(discount: float, gae_lambda: float | torch.Tensor) -> bool:
+    """Whether the in-place token kernel takes these settings (a static lambda, see the module docstring)."""
+    if isinstance(gae_lambda, torch.Tensor):
+        return False
+    lam = float(gae_lambda)
+    return MIN_IN_PLACE_LAMBDA <= lam <= 1.0 and MIN_STEP_COEF <= discount * lam <= 1.0
+
+
+def _token_gae_in_place(rewards, values, mask, bootstrap, discount, lam):
+    """Token GAE as one discounted sum over the active positions (see the module docstring)."""
+    r, v = rewards.float(), values.float()
+    k = 1.0 / lam
+    x = r.mul(mask) if k == 1.0 else torch.add(r, v, alpha=k - 1.0).mul_(mask)
+    y = stepwise_discounted_cumsum(x, mask, discount * lam, bootstrap.float() * discount)
+    adv = y.sub_(v, alpha=k).mul_(mask)  # 0 where inactive
+    return adv, adv + v
+
+
 def _stepwise_gae(rewards, values, mask, starts, bootstrap, discount, gae_lambda):
     """GAE over the steps that ``starts`` opens (float 0/1 masks); see the module docstring."""
     n_rows = mask.shape[0]
@@ -167,15 +200,17 @@ def _stepwise_gae(rewards, values, mask, starts, bootstrap, discount, gae_lambda
     width = max(int(n_steps.max()), 1) if n_rows else 1  # the one host sync: trims the step arrays
     # Column of each position in the compact step arrays; column 0 is a spill for inactive positions.
     token_steps = starts is mask
-    # A turn takes the value of its first token: index only the starts (the rest spills to column 0).
-    at_v = None if token_steps else (step * starts).long()
     at = step.mul_(mask).long()
     # Columns 1..width hold the steps (the longest row's count bounds every index), so the arrays
     # are as wide as the longest row has steps, not as the padded sequence (turns: far narrower).
-    r_steps = r.new_zeros(n_rows, width + 1)
-    v_steps = v.new_zeros(n_rows, width + 1).scatter_(1, at if token_steps else at_v, v)
-    # A token step owns one position, so plain scatter suffices; a turn sums its rewards.
-    r_steps = r_steps.scatter_(1, at, r) if token_steps else r_steps.scatter_add_(1, at, r)
+    # A token step owns one position, so plain scatters suffice; a turn sums its rewards, and its value
+    # is that of its first token: the sum of the values with all but the first zeroed.
+    if token_steps:
+        v_steps = v.new_zeros(n_rows, width + 1).scatter_(1, at, v)
+        r_steps = r.new_zeros(n_rows, width + 1).scatter_(1, at, r)
+    else:
+        v_steps = v.new_zeros(n_rows, width + 1).scatter_add_(1, at, v * starts)
+        r_steps = r.new_zeros(n_rows, width + 1).scatter_add_(1, at, r)
     r_steps, v_steps = r_steps[:, 1:], v_steps[:, 1:]
     # Value of the next step; after a row's last step, its bootstrap. Past the last step everything
     # is 0, so delta is 0 there (a row without steps gets a stray delta nobody reads).

@@ -13,6 +13,8 @@ fixed number of tensor operations, and nothing synchronises with the device.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -78,3 +80,74 @@ def _scan(x: torch.Tensor, coef: torch.Tensor, k: int) -> torch.Tensor:
     tail = coef[:, None] ** torch.arange(k, 0, -1, device=x.device, dtype=x.dtype)  # c**(K - i)
     out = local.addcmul_(carry[:, :, None], tail[:, None, :]).reshape(b, n_chunks * k)
     return out[:, :n] if pad else out
+
+
+MIN_STEP_COEF = 0.1
+"""Smallest coefficient :func:`stepwise_discounted_cumsum` takes: ``coef**-chunk`` must stay far inside float32."""
+
+
+def stepwise_discounted_cumsum(
+    x: torch.Tensor, steps: torch.Tensor, coef: float, terminal: torch.Tensor, *, chunk: int = CHUNK
+) -> torch.Tensor:
+    """The discounted reverse sum where only marked positions consume a discount, without compacting them.
+
+    ``y[b, i] = sum_{j >= i} coef**n(i, j) * x[b, j] + coef**n(i, N) * terminal[b]``, where ``n(i, j)`` counts
+    the steps (``steps == 1``) in ``(i, j]`` and ``n(i, N)`` those after ``i``. With ``steps`` a row's active
+    positions, ``y`` at each of them is the recurrence ``y_u = x_u + coef * y_{next step}`` over the steps alone.
+
+    Inside a chunk of ``K`` positions, with ``q`` the inclusive count of steps from the chunk's start,
+    ``y_i = coef**-q_i * (sum_{j >= i} coef**q_j x_j + coef**(q_K) * Y_next)``: two matrix products with a
+    triangular matrix of ones and elementwise powers bounded by ``coef**-K`` (hence ``MIN_STEP_COEF``).
+    ``Y_next``, the sum seen from the next chunk's start, obeys ``Y_k = L_k + coef**(q_K) Y_{k+1}``, a
+    recurrence over ``N / K`` chunks with coefficients that vary, solved by doubling.
+
+    Args:
+        x: ``[B, N]`` float32.
+        steps: ``[B, N]`` float 0/1.
+        coef: in ``[MIN_STEP_COEF, 1]``.
+        terminal: ``[B]``, the value after the end of each row.
+
+    Returns:
+        ``[B, N]`` float32.
+    """
+    if not MIN_STEP_COEF <= coef <= 1.0:
+        raise ValueError(f"coef must be in [{MIN_STEP_COEF}, 1]; got {coef} (use reverse_discounted_cumsum on "
+                         "compacted steps).")
+    b, n = x.shape
+    pad = (-n) % chunk
+    if pad:
+        x, steps = F.pad(x, (0, pad)), F.pad(steps, (0, pad))  # padding holds no step and adds nothing
+    n_chunks = x.shape[1] // chunk
+    ones = torch.ones(chunk, chunk, dtype=x.dtype, device=x.device)
+    x3 = x.view(b, n_chunks, chunk)
+    upper = ones.triu()  # upper[j, i] = 1 for j <= i: v @ upper sums v[..., :i + 1]; v @ upper.T sums v[..., i:]
+    t = terminal.to(x.dtype)
+    if coef == 1.0:  # no discount: plain sums (the default gamma = lambda = 1)
+        local = x3 @ upper.T
+        after = F.pad(local[:, 1:, 0].flip(-1).cumsum(-1).flip(-1), (0, 1)) + t[:, None]  # [B, n_chunks]
+        out = local.add_(after[:, :, None])
+    else:
+        q = steps.view(b, n_chunks, chunk) @ upper
+        w = q.mul_(math.log(coef)).exp_()  # coef**q, in [coef**K, 1]
+        local = (x3 * w) @ upper.T
+        leave = w[:, :, -1]  # coef**(steps in the chunk)
+        starts = _varying_reverse_scan(local[:, :, 0].contiguous(), leave, t)
+        after = torch.cat([starts[:, 1:], t[:, None]], dim=1)
+        out = local.add_((leave * after)[:, :, None]).div_(w)
+    out = out.view(b, n_chunks * chunk)
+    return out[:, :n] if pad else out
+
+
+def _varying_reverse_scan(x: torch.Tensor, a: torch.Tensor, terminal: torch.Tensor) -> torch.Tensor:
+    """``y_k = x_k + a_k * y_{k+1}`` with ``y_n = terminal``, for ``[B, n]`` ``x`` and ``a`` (``a`` in
+    ``[0, 1]``): log2(n) doubling passes, each combining every element with the one ``d`` ahead."""
+    y = x.clone()
+    y[:, -1].addcmul_(a[:, -1], terminal)
+    a = a.clone()
+    d, n = 1, y.shape[1]
+    while d < n:
+        y[:, :-d] += a[:, :-d] * y[:, d:]  # the product is a new tensor: no read of an updated element
+        if 2 * d < n:
+            a[:, :-d] = a[:, :-d] * a[:, d:]
+        d *= 2
+    return y

@@ -3,9 +3,11 @@ legacy recurrence), equivalence with the per-step loops, and the ``turn_ids`` co
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from areal_trainer.advantage.gae import token_level_gae, turn_level_gae
-from areal_trainer.advantage.scan import reverse_discounted_cumsum
+from areal_trainer.advantage.gae import _stepwise_gae, token_level_gae, turn_level_gae
+from areal_trainer.advantage.scan import MIN_STEP_COEF, reverse_discounted_cumsum, stepwise_discounted_cumsum
 from areal_trainer.advantage.turns import check_turn_ids
 
 from .helpers import T, close
@@ -100,6 +102,60 @@ def test_scan_matches_definition(n):
         acc = x[:, i] + coef * acc
         expected[:, i] = acc
     assert torch.allclose(y, expected, atol=1e-9)
+
+
+def _stepwise_definition(x, steps, coef, terminal):
+    """``y_i = x_i + coef**steps_{i+1} * y_{i+1}``, ``y_N = terminal``: the discount is paid on entering a step."""
+    x, steps = x.double(), steps.double()
+    y = torch.zeros_like(x)
+    acc = terminal.double()
+    for i in reversed(range(x.shape[1])):
+        acc = x[:, i] + acc * (coef ** steps[:, i + 1] if i + 1 < x.shape[1] else 1.0)
+        y[:, i] = acc
+    return y
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 300), coef=st.floats(MIN_STEP_COEF, 1.0), density=st.floats(0, 1),
+       seed=st.integers(0, 10_000))
+def test_stepwise_scan_matches_definition(n, coef, density, seed):
+    # Chunk edges (n around multiples of 16), empty and full step masks, every coefficient it takes.
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(3, n, generator=g)
+    steps = (torch.rand(3, n, generator=g) < density).float()
+    terminal = torch.randn(3, generator=g)
+    y = stepwise_discounted_cumsum(x, steps, coef, terminal)
+    assert torch.allclose(y.double(), _stepwise_definition(x, steps, coef, terminal), rtol=1e-5, atol=1e-5)
+
+
+def test_stepwise_scan_long_rows_and_its_range():
+    # 6000 positions: 375 chunks, so the recurrence over chunks takes nine doubling passes.
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 6000, generator=g)
+    steps = (torch.rand(2, 6000, generator=g) < 0.5).float()
+    for coef in (0.95, 1.0):
+        y = stepwise_discounted_cumsum(x, steps, coef, T([1.0, -2.0]))
+        assert torch.allclose(y.double(), _stepwise_definition(x, steps, coef, T([1.0, -2.0])), atol=1e-4)
+    with pytest.raises(ValueError, match=r"coef must be in \[0.1, 1\]"):
+        stepwise_discounted_cumsum(x, steps, 0.05, T([0.0, 0.0]))
+
+
+@pytest.mark.parametrize("discount,lam", [(1.0, 1.0), (1.0, 0.5), (0.2, 0.5), (0.99, 0.95), (0.5, 1.0)])
+def test_in_place_token_kernel_equals_the_compacting_one(discount, lam):
+    # The settings the in-place kernel takes (lambda >= 0.5, gamma * lambda >= 0.1), at its edges, on long rows
+    # with tool gaps, against the kernel that compacts the steps first and against the loop.
+    g = torch.Generator().manual_seed(11)
+    m = (torch.rand(4, 3000, generator=g) < 0.6).float()
+    m[0] = 0  # a row with no step
+    m[1, 2000:] = 0  # a row that ends early
+    r, v, boot = torch.randn(4, 3000, generator=g), torch.randn(4, 3000, generator=g), torch.randn(4, generator=g)
+    fast = token_level_gae(r, v, m, boot, discount=discount, gae_lambda=lam)
+    compact = _stepwise_gae(r, v, m, m, boot, discount, lam)
+    slow = token_gae_loop(r, v, m.bool(), boot, discount=discount, gae_lambda=lam)
+    for a, c, b in zip(fast, compact, slow):
+        assert torch.allclose(a, c, atol=2e-5)
+        assert torch.allclose(a.double(), b, atol=1e-4)
+    assert (fast[0][m == 0] == 0).all()
 
 
 @pytest.mark.parametrize("ids,message", [
