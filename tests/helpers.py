@@ -49,3 +49,15 @@ def within(seconds: float, fn: Callable[..., Any], *args, **kwargs) -> Any:
     if "error" in out:
         raise out["error"]
     return out["value"]
+
+
+def right_padded(rows: list[list[int]]):
+    """``(input_ids, attention_mask)``, ``[len(rows), longest]`` int64: the token rows padded on the right with 0."""
+    import torch
+
+    width = max(map(len, rows))
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    am = torch.zeros_like(ids)
+    for i, r in enumerate(rows):
+        ids[i, :len(r)], am[i, :len(r)] = torch.tensor(r), 1
+    return ids, am

@@ -29,3 +29,21 @@ needs_landlock = pytest.mark.skipif(_refused(LANDLOCK), reason=f"no Landlock her
 BOXES = [pytest.param("namespaces", marks=needs_namespaces, id="namespaces"),
          pytest.param("landlock", marks=needs_landlock, id="landlock")]
 """``isolation`` values for tests that run in each box."""
+
+
+def worker_mid_call(isolation: str) -> str:
+    """Source of a worker process that prints the pid of every process the code reward starts and then runs,
+    in the ``isolation`` box, code that sleeps a minute: a test kills the worker mid-call and checks that the
+    box dies with it."""
+    return f"""
+import subprocess, sys
+from areal_trainer.reward import code
+
+class Reporting(subprocess.Popen):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        print(self.pid, flush=True)
+
+code.subprocess.Popen = Reporting
+code.unit_tests("p", "import time\\ntime.sleep(60)", "", tests=["assert True"], timeout=60, isolation={isolation!r})
+"""

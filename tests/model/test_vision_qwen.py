@@ -15,6 +15,8 @@ from areal_trainer.model.vision import VisionInput, uses_3d_positions
 from areal_trainer.rollout.engines.hf import HFEngine
 from areal_trainer.train.models.logprobs import forward_logprobs
 
+from ..helpers import right_padded
+
 transformers = pytest.importorskip("transformers")
 IMAGE, START, END, EOS, PAD = 290, 292, 293, 299, 0
 
@@ -59,11 +61,7 @@ def test_engine_and_training_forward_agree_on_rows_with_3d_positions():
     gens = HFEngine(model, Tok(), device=torch.device("cpu")).generate(
         prompts, GenerationHyperparameters(max_new_tokens=6, temperature=1.0), vision=vision)
     rows = [p + g.output_ids for p, g in zip(prompts, gens)]
-    width = max(map(len, rows))
-    ids = torch.zeros(len(rows), width, dtype=torch.long)
-    am = torch.zeros_like(ids)
-    for i, r in enumerate(rows):
-        ids[i, :len(r)], am[i, :len(r)] = torch.tensor(r), 1
+    ids, am = right_padded(rows)
     logp, _ = forward_logprobs(model, ids, am, temperature=1.0, vision=vision)
     for i, (p, g) in enumerate(zip(prompts, gens)):
         forced = logp[i, len(p) - 1: len(p) - 1 + len(g.output_ids)].tolist()

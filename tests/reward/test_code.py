@@ -16,7 +16,7 @@ from areal_trainer.reward import code, keeper
 from areal_trainer.reward.code import extract_code, split_tests, unit_tests
 
 from ..helpers import HANG, alive, wait_dead, within
-from ..isolation import needs_isolation, needs_namespaces
+from ..isolation import needs_isolation, needs_namespaces, worker_mid_call
 
 pytestmark = needs_isolation
 
@@ -172,25 +172,14 @@ def test_kernel_refuses_fork_signals_and_sockets_past_python(started):
     assert_nothing_left(started)
 
 
-WORKER = """
-import subprocess, sys
-from areal_trainer.reward import code
-
-class Reporting(subprocess.Popen):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        print(self.pid, flush=True)
-
-code.subprocess.Popen = Reporting
-code.unit_tests("p", "import time\\ntime.sleep(60)", "", tests=["assert True"], timeout=60, isolation="namespaces")
-"""
 
 
 @needs_namespaces
 def test_sandbox_dies_with_a_worker_killed_mid_call(tmp_path):
     # The killed worker cannot delete its scratch directory: keep it under tmp_path.
     env = {**os.environ, "TMPDIR": str(tmp_path)}
-    worker = subprocess.Popen([sys.executable, "-c", WORKER], stdout=subprocess.PIPE, text=True, env=env)
+    worker = subprocess.Popen([sys.executable, "-c", worker_mid_call("namespaces")], stdout=subprocess.PIPE, text=True,
+                              env=env)
     try:
         outer = int(worker.stdout.readline())
         deadline = time.monotonic() + HANG

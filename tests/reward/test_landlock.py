@@ -18,7 +18,7 @@ from areal_trainer.reward import code, keeper
 from areal_trainer.reward.code import unit_tests
 
 from ..helpers import HANG, alive, wait_dead
-from ..isolation import needs_landlock
+from ..isolation import needs_landlock, worker_mid_call
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -170,24 +170,13 @@ def test_the_watchdog_leaves_a_box_within_the_bounds_alone(tmp_path):
     assert watchdog.reason is None and watchdog.peak_entries == 3 and 8 << 20 <= watchdog.peak_bytes <= 9 << 20
 
 
-WORKER = """
-import subprocess, sys
-from areal_trainer.reward import code
-
-class Reporting(subprocess.Popen):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        print(self.pid, flush=True)
-
-code.subprocess.Popen = Reporting
-code.unit_tests("p", "import time\\ntime.sleep(60)", "", tests=["assert True"], timeout=60, isolation="landlock")
-"""
 
 
 @needs_landlock
 def test_the_box_dies_with_a_worker_killed_mid_call(tmp_path):
     env = {**os.environ, "TMPDIR": str(tmp_path)}  # the killed worker cannot delete its scratch directory
-    worker = subprocess.Popen([sys.executable, "-c", WORKER], stdout=subprocess.PIPE, text=True, env=env)
+    worker = subprocess.Popen([sys.executable, "-c", worker_mid_call("landlock")], stdout=subprocess.PIPE, text=True,
+                              env=env)
     try:
         box = int(worker.stdout.readline())  # no waiting process around it: the box is the worker's child
         time.sleep(0.5)  # set up in milliseconds: the code sleeps now

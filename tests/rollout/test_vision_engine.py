@@ -15,6 +15,8 @@ from areal_trainer.rollout.workflows.single_turn import RLVRWorkflow
 from areal_trainer.train.batch import TrainBatch
 from areal_trainer.train.models.logprobs import forward_logprobs
 
+from ..helpers import right_padded
+
 CPU = torch.device("cpu")
 TOK = builtin_vlm.build_tokenizer()
 ENC = VisionEncoder(builtin_vlm.build_processor(TOK), TOK)
@@ -40,11 +42,7 @@ def _prompts(samples_each=2):
 
 def _forced(model, prompts, vision, gens) -> list[list[float]]:
     rows = [p + g.output_ids for p, g in zip(prompts, gens)]
-    width = max(map(len, rows))
-    ids = torch.zeros(len(rows), width, dtype=torch.long)
-    am = torch.zeros_like(ids)
-    for i, r in enumerate(rows):
-        ids[i, :len(r)], am[i, :len(r)] = torch.tensor(r), 1
+    ids, am = right_padded(rows)
     logp, _ = forward_logprobs(model, ids, am, temperature=1.0, vision=vision)
     return [logp[i, len(p) - 1: len(p) - 1 + len(g.output_ids)].tolist() for i, (p, g) in enumerate(zip(prompts, gens))]
 
