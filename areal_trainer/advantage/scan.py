@@ -103,7 +103,7 @@ def stepwise_discounted_cumsum(
 
     Args:
         x: ``[B, N]`` float32.
-        steps: ``[B, N]`` float 0/1.
+        steps: ``[B, N]`` 0/1 (bool or numbers).
         coef: in ``[MIN_STEP_COEF, 1]``.
         terminal: ``[B]``, the value after the end of each row.
 
@@ -114,6 +114,10 @@ def stepwise_discounted_cumsum(
         raise ValueError(f"coef must be in [{MIN_STEP_COEF}, 1]; got {coef} (use reverse_discounted_cumsum on "
                          "compacted steps).")
     b, n = x.shape
+    t = terminal.to(x.dtype)
+    if n == 0:
+        return x.clone()
+    steps = steps.to(x.dtype)
     pad = (-n) % chunk
     if pad:
         x, steps = F.pad(x, (0, pad)), F.pad(steps, (0, pad))  # padding holds no step and adds nothing
@@ -121,7 +125,6 @@ def stepwise_discounted_cumsum(
     ones = torch.ones(chunk, chunk, dtype=x.dtype, device=x.device)
     x3 = x.view(b, n_chunks, chunk)
     upper = ones.triu()  # upper[j, i] = 1 for j <= i: v @ upper sums v[..., :i + 1]; v @ upper.T sums v[..., i:]
-    t = terminal.to(x.dtype)
     if coef == 1.0:  # no discount: plain sums (the default gamma = lambda = 1)
         local = x3 @ upper.T
         after = F.pad(local[:, 1:, 0].flip(-1).cumsum(-1).flip(-1), (0, 1)) + t[:, None]  # [B, n_chunks]

@@ -136,6 +136,8 @@ def test_stepwise_scan_long_rows_and_its_range():
     for coef in (0.95, 1.0):
         y = stepwise_discounted_cumsum(x, steps, coef, T([1.0, -2.0]))
         assert torch.allclose(y.double(), _stepwise_definition(x, steps, coef, T([1.0, -2.0])), atol=1e-4)
+    empty = stepwise_discounted_cumsum(torch.zeros(2, 0), torch.zeros(2, 0, dtype=torch.bool), 0.5, T([1.0, 2.0]))
+    assert empty.shape == (2, 0)
     with pytest.raises(ValueError, match=r"coef must be in \[0.1, 1\]"):
         stepwise_discounted_cumsum(x, steps, 0.05, T([0.0, 0.0]))
 
