@@ -200,17 +200,15 @@ def _stepwise_gae(rewards, values, mask, starts, bootstrap, discount, gae_lambda
     width = max(int(n_steps.max()), 1) if n_rows else 1  # the one host sync: trims the step arrays
     # Column of each position in the compact step arrays; column 0 is a spill for inactive positions.
     token_steps = starts is mask
+    # A turn takes the value of its first token: index only the starts (the rest spills to column 0).
+    at_v = None if token_steps else (step * starts).long()
     at = step.mul_(mask).long()
     # Columns 1..width hold the steps (the longest row's count bounds every index), so the arrays
     # are as wide as the longest row has steps, not as the padded sequence (turns: far narrower).
-    # A token step owns one position, so plain scatters suffice; a turn sums its rewards, and its value
-    # is that of its first token: the sum of the values with all but the first zeroed.
-    if token_steps:
-        v_steps = v.new_zeros(n_rows, width + 1).scatter_(1, at, v)
-        r_steps = r.new_zeros(n_rows, width + 1).scatter_(1, at, r)
-    else:
-        v_steps = v.new_zeros(n_rows, width + 1).scatter_add_(1, at, v * starts)
-        r_steps = r.new_zeros(n_rows, width + 1).scatter_add_(1, at, r)
+    r_steps = r.new_zeros(n_rows, width + 1)
+    v_steps = v.new_zeros(n_rows, width + 1).scatter_(1, at if token_steps else at_v, v)
+    # A token step owns one position, so plain scatter suffices; a turn sums its rewards.
+    r_steps = r_steps.scatter_(1, at, r) if token_steps else r_steps.scatter_add_(1, at, r)
     r_steps, v_steps = r_steps[:, 1:], v_steps[:, 1:]
     # Value of the next step; after a row's last step, its bootstrap. Past the last step everything
     # is 0, so delta is 0 there (a row without steps gets a stray delta nobody reads).
