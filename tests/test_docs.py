@@ -1,7 +1,10 @@
 """The documentation cites real code: every backticked path in docs/architecture.md exists, and every
-``path::name`` names a function, class, method or top-level assignment defined in that file."""
+``path::name`` names a function, class, method or top-level assignment defined in that file; in every document
+(README, CONTRIBUTING, docs/, the examples' READMEs) every backticked path into the repository exists and every
+relative link resolves."""
 
 import ast
+import glob
 import os
 import re
 
@@ -81,3 +84,21 @@ def test_task_docs_and_help_give_the_same_reward_signatures_and_order_of_weights
     data_help = " ".join(key_help("train_dataset").split())
     for column in ("`prompt`, `messages`, `question`", "`answer` when the rows have it"):
         assert column in data_help and column in docs
+
+
+DOCUMENTS = sorted([os.path.join(ROOT, "README.md"), os.path.join(ROOT, "CONTRIBUTING.md"),
+                    *glob.glob(os.path.join(ROOT, "docs", "*.md")),
+                    *glob.glob(os.path.join(ROOT, "examples", "**", "README.md"), recursive=True)])
+REPO_PATH = re.compile(r"`((?:areal_trainer|tests|scripts|examples|conf|docs)/[\w./-]+?)(?:::[\w.]+)?`")
+LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+
+
+@pytest.mark.parametrize("doc", DOCUMENTS, ids=lambda d: os.path.relpath(d, ROOT))
+def test_every_path_and_link_of_a_document_exists(doc):
+    text = _read(doc)
+    named = (m.rstrip("/.") for m in REPO_PATH.findall(text))
+    missing = [p for p in named if not os.path.exists(os.path.join(ROOT, p))]
+    broken = [t for t in LINK.findall(text) if "://" not in t and not t.startswith("mailto:")
+              and not os.path.exists(os.path.normpath(os.path.join(os.path.dirname(doc), t)))]
+    assert not missing, f"{os.path.relpath(doc, ROOT)} names paths that do not exist: {missing}"
+    assert not broken, f"{os.path.relpath(doc, ROOT)} links to files that do not exist: {broken}"
