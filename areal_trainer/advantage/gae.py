@@ -15,7 +15,8 @@ in place, with no compaction: ``delta`` needs the next step's value, but summed 
 
     A_u = sum_k c**k (r + (1/lambda - 1) V)_{u_k} + c**K gamma V_boot - V_u / lambda,    c = gamma * lambda,
 
-(the ``gamma V_{u_k+1}`` terms of ``delta`` are ``(1/lambda) c V_{u_{k+1}}``), a discounted sum over the
+over the row's active steps ``u_0 = u, u_1, ...`` and ``K`` of them after ``u`` (the ``gamma V_{u_k+1}`` terms
+of ``delta`` are ``(1/lambda) c V_{u_{k+1}}``), a discounted sum over the
 active positions that :func:`areal_trainer.advantage.scan.stepwise_discounted_cumsum` computes without
 moving them. Lambda at least 0.5 bounds the cancellation in ``- V_u / lambda`` to a factor 2.
 

@@ -9,6 +9,9 @@ product with the upper-triangular Toeplitz matrix ``T[i, j] = c**(j - i)`` (entr
 recurrence over chunks with coefficient ``c**K``, which is solved recursively, and is carried back
 into every chunk as ``c**(K - i) * start_of_next_chunk``. The depth is ``log_K(N)``, every step is a
 fixed number of tensor operations, and nothing synchronises with the device.
+
+:func:`stepwise_discounted_cumsum` solves the variant in which only marked positions (a row's active tokens)
+consume the discount, in place, without gathering them first.
 """
 
 from __future__ import annotations
