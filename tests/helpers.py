@@ -52,12 +52,12 @@ def within(seconds: float, fn: Callable[..., Any], *args, **kwargs) -> Any:
 
 
 def right_padded(rows: list[list[int]]):
-    """``(input_ids, attention_mask)``, ``[len(rows), longest]`` int64: the token rows padded on the right with 0."""
+    """``(input_ids, attention_mask)``, ``[len(rows), longest]`` int64: the token rows padded on the right with 0
+    (the rollout's ``stack_rows``)."""
     import torch
 
-    width = max(map(len, rows))
-    ids = torch.zeros(len(rows), width, dtype=torch.long)
-    am = torch.zeros_like(ids)
-    for i, r in enumerate(rows):
-        ids[i, :len(r)], am[i, :len(r)] = torch.tensor(r), 1
-    return ids, am
+    from areal_trainer.rollout.rows import stack_rows
+
+    batch = stack_rows([{"input_ids": torch.tensor(r), "attention_mask": torch.ones(len(r), dtype=torch.long)}
+                        for r in rows])
+    return batch["input_ids"], batch["attention_mask"]

@@ -120,19 +120,19 @@ def stepwise_discounted_cumsum(
     t = terminal.to(x.dtype)
     if n == 0:
         return x.clone()
-    steps = steps.to(x.dtype)
     pad = (-n) % chunk
-    if pad:
-        x, steps = F.pad(x, (0, pad)), F.pad(steps, (0, pad))  # padding holds no step and adds nothing
+    x = F.pad(x, (0, pad)) if pad else x  # the padding holds no step and adds nothing
     n_chunks = x.shape[1] // chunk
-    ones = torch.ones(chunk, chunk, dtype=x.dtype, device=x.device)
     x3 = x.view(b, n_chunks, chunk)
-    upper = ones.triu()  # upper[j, i] = 1 for j <= i: v @ upper sums v[..., :i + 1]; v @ upper.T sums v[..., i:]
-    if coef == 1.0:  # no discount: plain sums (the default gamma = lambda = 1)
+    # upper[j, i] = 1 for j <= i: v @ upper sums v[..., :i + 1]; v @ upper.T sums v[..., i:]
+    upper = torch.ones(chunk, chunk, dtype=x.dtype, device=x.device).triu()
+    if coef == 1.0:  # no discount, so the steps do not matter: plain sums (the default gamma = lambda = 1)
         local = x3 @ upper.T
-        after = F.pad(local[:, 1:, 0].flip(-1).cumsum(-1).flip(-1), (0, 1)) + t[:, None]  # [B, n_chunks]
+        after = F.pad(reverse_discounted_cumsum(local[:, 1:, 0], 1.0), (0, 1)) + t[:, None]  # [B, n_chunks]
         out = local.add_(after[:, :, None])
     else:
+        steps = steps.to(x.dtype)
+        steps = F.pad(steps, (0, pad)) if pad else steps
         q = steps.view(b, n_chunks, chunk) @ upper
         w = q.mul_(math.log(coef)).exp_()  # coef**q, in [coef**K, 1]
         local = (x3 * w) @ upper.T
