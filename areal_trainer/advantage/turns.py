@@ -56,15 +56,16 @@ def validated_turn_starts(turn_ids: torch.Tensor, loss_mask: torch.Tensor) -> to
         return m.clone()
     ids = turn_ids.float().mul_(m)  # inactive ids are irrelevant (and may be anything): 0 from here
     seq_len = ids.shape[-1]
-    # Largest active id up to each position (inactive positions count as -1), then the gap of each
-    # id over the largest one strictly before it: >= 1 exactly where a new turn starts.
-    running = (ids + m).sub_(1).cummax(dim=-1).values
-    gap = torch.empty_like(ids)
-    gap[:, 0] = ids[:, 0] + 1
-    torch.sub(ids[:, 1:], running[:, :-1], out=gap[:, 1:])
-    gap.mul_(m)
+    # Inactive positions are 0 in ids (and in the gap below), so plain min/max over the batch decide each rule.
     low, high = torch.aminmax(ids)
-    # Inactive positions are 0 in ids and gap, so plain min/max over the batch decide each rule.
+    # The buffer becomes the active ids with -1 elsewhere, then, in place, the gap of each active id over the
+    # largest active id strictly before it (the running max, -1 before the first): >= 1 exactly where a new
+    # turn starts.
+    gap = ids.add_(m).sub_(1)
+    running = gap.cummax(dim=-1).values
+    gap[:, 1:].sub_(running[:, :-1])
+    gap[:, 0].add_(1)
+    gap.mul_(m)
     flags = torch.stack([low < 0, high > seq_len - 1, gap.amin() < 0])
     negative, too_big, decreasing = flags.tolist()
     if negative:
