@@ -18,6 +18,7 @@ from ..config.servers import using_servers
 from ..errors import one_of
 from ..failures import FailurePolicy
 from ..plugins import PluginError, check_signature, resolve
+from ..rollout.agents import processes as agent_processes
 from ..rollout.agents.spec import load_agent
 from ..rollout.agents.tool_parsers import get_parser
 from ..rollout.engines.backends import ENGINES, EngineSpec
@@ -108,6 +109,8 @@ def _agent(cfg, problems: list[str], light: bool, failures: FailurePolicy) -> tu
     n = len(problems)
     try:
         spec = load_agent(r.agent, dict(r.agent_kwargs))
+        if r.agent_processes and isinstance(r.agent_processes, int):  # a bad count: the config's own check
+            problems += [p for p in [agent_processes.check(spec, r.agent_processes)] if p]
     except PluginError as e:
         problems.append(str(e))
     try:
@@ -118,7 +121,7 @@ def _agent(cfg, problems: list[str], light: bool, failures: FailurePolicy) -> tu
         return None, {}
     from ..rollout.agents.workflow import AgentWorkflow
 
-    return AgentWorkflow, dict(agent=spec, **agent_settings(cfg, failures))
+    return AgentWorkflow, dict(agent=spec, processes=r.agent_processes, **agent_settings(cfg, failures))
 
 
 def agent_settings(cfg, failures: FailurePolicy) -> dict[str, Any]:

@@ -81,6 +81,11 @@ class RolloutConfig(Checked):
     returns the episode's reward, or ``{completion_id: reward}`` (``rollout/agents/workflow.py``, docs/agents.md)."""
     agent_kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of the agent class's constructor, or of every call of the agent function."""
+    agent_processes: int = 0
+    """Run an HTTP-form agent (``run(data, *, base_url, api_key)``) in this many processes of its own, which reach
+    the run's endpoint as an agent elsewhere would: its Python work (the ``openai`` package's, its tools') runs
+    beside the trainer's on other cores, and a crash ends only its process (counted in
+    ``agent/process_restarts``). 0: on the trainer's event loop (``rollout/agents/processes.py``)."""
     agent_timeout: float | None = None
     """Seconds an episode may take; a longer one is cancelled (a plain ``def run`` is abandoned in its thread),
     scores ``reward.error_value`` and is counted in ``agent/timeouts`` (null: no limit)."""
@@ -147,4 +152,9 @@ class RolloutConfig(Checked):
                      f"set only one (drop {key}.workflow to run the agent, or {key}.agent=null to run the workflow).")
         if self.agent is None and self.agent_kwargs:
             p.append(f"{key}.agent_kwargs is set but {key}.agent is null; name the agent, or drop the kwargs.")
+        p += integer_at_least(f"{key}.agent_processes", self.agent_processes, 0,
+                              note="0: the agent runs in the trainer's process")
+        if self.agent is None and self.agent_processes:
+            p.append(f"{key}.agent_processes={self.agent_processes} is set but {key}.agent is null; it runs an "
+                     f"HTTP-form agent in processes of its own: name the agent, or set {key}.agent_processes=0.")
         return p

@@ -227,6 +227,18 @@ def test_agent_problems_are_all_reported_before_anything_loads():
     assert "rollout.agent='tests.agents.simple.try_again' and rollout.workflow=" in text and "set only one" in text
 
 
+def test_agent_processes_are_checked_against_the_agent_before_anything_loads():
+    text = "\n".join(_problems(["rollout.agent=tests.agents.two_forms.run_client", "rollout.agent_processes=2"]))
+    assert "rollout.agent_processes=2: tests.agents.two_forms.run_client takes a client" in text
+    assert "set rollout.agent_processes=0, or write the agent as run(data, *, base_url, api_key)" in text
+    text = "\n".join(_problems(["rollout.agent=tests.agents.two_forms.HTTP", "rollout.agent_processes=-1"]))
+    assert "rollout.agent_processes: got -1" in text and "takes a client" not in text
+    text = "\n".join(_problems(["rollout.agent_processes=2"]))
+    assert "rollout.agent_processes=2 is set but rollout.agent is null" in text
+    assert load_config("grpo", ["rollout.agent=tests.agents.two_forms.HTTP", "rollout.agent_processes=2"]
+                       ).rollout.agent_processes == 2
+
+
 def test_an_agent_binds_to_the_agent_workflow_with_its_settings():
     from areal_trainer.components import load
     from areal_trainer.rollout.agents.workflow import AgentWorkflow
@@ -239,7 +251,7 @@ def test_an_agent_binds_to_the_agent_workflow_with_its_settings():
     assert kw["agent"].kwargs == {"calls": 3} and kw["agent"].style == "client" and kw["agent"].is_class
     assert (kw["export"], kw["turn_discount"], kw["tool_call_parser"]) == ("concat", 0.9, "hermes")
     assert kw["failures"].agent.timeout == 30.0 and kw["failures"] is built.reward.failures  # the run's one policy
-    assert kw["chat_template_type"] == "hf" and parts.turn_discount == 0.9
+    assert kw["chat_template_type"] == "hf" and parts.turn_discount == 0.9 and kw["processes"] == 0
     parts = load("grpo", ["rollout.agent=tests.agents.simple.SlowAgent", "rollout.chat_template_type=concat"]).rollout
     assert parts.workflow_kwargs["chat_template_type"] == "concat"
     assert parts.workflow_kwargs["turn_discount"] == parts.turn_discount == 1.0  # null: no discount

@@ -31,17 +31,21 @@ ROW = {"question": "Tom has 3 apples. Tom buys 4 more. How many apples does Tom 
                      "content": "Tom has 3 apples. Tom buys 4 more. How many apples does Tom have now?"}]}
 
 
-def test_the_http_agent_example_trains_from_the_command_line(tmp_path):
+@pytest.mark.parametrize("processes", [0, 2])
+def test_the_http_agent_example_trains_from_the_command_line(tmp_path, processes):
+    """On the trainer's loop, and in two agent processes (``rollout.agent_processes``), which end with the run."""
     marker = uuid.uuid4().hex
-    cli([*ARGS, "trial_name=t"], cwd=tmp_path, env={"AREAL_TEST_MARK": marker})
+    cli([*ARGS, "trial_name=t", f"rollout.agent_processes={processes}"], cwd=tmp_path,
+        env={"AREAL_TEST_MARK": marker})
     with open(tmp_path / "outputs" / "grpo" / "t" / "metrics.jsonl") as f:
         records = {r["step"]: r for r in map(json.loads, f) if "agent/episodes" in r}
     assert sorted(records) == [1, 2]
     for r in records.values():
         assert r["agent/episodes"] == 4 and r["agent/errors"] == 0 and r["agent/timeouts"] == 0
         assert r["agent/episodes"] <= r["agent/calls"] <= 2 * r["agent/episodes"]
+        assert r.get("agent/process_restarts") == (0 if processes else None)
     assert records[2]["eval/agent/episodes"] == 4 and records[2]["eval/agent/errors"] == 0
-    # The trainer and its server thread are gone, and no episode process outlived them.
+    # The trainer and its server thread are gone, and no episode or agent process outlived them.
     assert processes_left(marker) == []
 
 

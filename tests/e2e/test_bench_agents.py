@@ -19,8 +19,10 @@ def test_bench_agents_quick_prints_every_table(tmp_path):
         assert any(line.startswith(f"{row} ") and line.count("|") >= 6 for line in lines), row
     assert any(line.startswith("concurrent / sequential: ") and "x episodes/s" in line for line in lines)
     assert any(line.startswith("eta=2 / sync: ") and "x steps/s" in line for line in lines)
-    for row in ("in-process", "HTTP", "HTTP, client per episode", "HTTP, JSON without openai"):
+    for row in ("in-process", "HTTP", "HTTP, 2 agent processes", "HTTP, client per episode",
+                "HTTP, JSON without openai"):
         assert any(line.startswith(f"{row} ") and line.count("|") == 4 for line in lines), row
-    assert "the 5 runs sampled the same rows (calls, tokens, rewards at every step)" in lines
-    assert any(line.startswith("HTTP / in-process: ") and "x s/step" in line for line in lines)
+    assert "the 6 runs sampled the same rows (calls, tokens, rewards at every step)" in lines
+    assert any(line.startswith("HTTP in 2 agent processes / in-process: ") and "x s/step" in line
+               and "on the trainer's loop: " in line for line in lines)
     assert any(line.startswith("without the openai package (JSON posted with aiohttp): ") for line in lines)

@@ -54,11 +54,12 @@ def engine():
     return Recording(HFEngine(model.eval(), tok, device=CPU)), tok
 
 
-def _rollouts(engine, tok, agent: str, batching: str, calls: int = 2, kwargs: dict | None = None, g=G):
+def _rollouts(engine, tok, agent: str, batching: str, calls: int = 2, kwargs: dict | None = None, g=G,
+              processes: int = 0):
     """``calls`` rollout calls of 3 prompts from seed 5; the groups of each and the engine's call sizes."""
     rec, _ = engine
     wf = AgentWorkflow(engine=rec, tokenizer=tok, reward=REWARD, agent=load_agent(agent, kwargs or {}),
-                       export="concat", batching=batching)
+                       export="concat", batching=batching, processes=processes)
     torch.manual_seed(5)
     rec.sizes = []
     try:
@@ -90,6 +91,20 @@ def test_the_http_and_in_process_forms_give_the_same_rows_call_after_call(engine
     stats = [g.stats for call in local for g in call]
     assert sum(s["agent/calls"].value for s in stats) > sum(s["agent/episodes"].value for s in stats)
     assert sum(s["agent/tool_calls"].value for s in stats) > 0
+
+
+def test_the_http_form_in_agent_processes_gives_the_same_rows_as_in_process(engine):
+    """``rollout.agent_processes=2``: the ``openai`` agent's episodes in two processes of their own, against the
+    in-process form: the same rows and counters call after call (the process counts no restart)."""
+    tok = engine[1]
+    local, local_sizes = _rollouts(engine, tok, "tests.agents.two_forms.run_client", "episodes")
+    procs, procs_sizes = _rollouts(engine, tok, "tests.agents.two_forms.HTTP", "episodes", processes=2)
+    assert local_sizes == procs_sizes
+    for a, b in zip(local, procs):
+        assert b[0].stats.pop("agent/process_restarts").value == 0
+        _same_groups(a, b)
+    stats = [g.stats for call in procs for g in call]
+    assert sum(s["agent/tool_calls"].value for s in stats) > 0 and sum(s["agent/errors"].value for s in stats) == 0
 
 
 def test_the_example_agent_posting_json_without_the_package_gives_the_same_rows(engine):

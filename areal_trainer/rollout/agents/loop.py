@@ -32,6 +32,17 @@ _SKIP = (os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file_
 """The frames that never say what blocks the loop: this package's, asyncio's and the thread's start."""
 
 
+def describe(e: BaseException) -> str:
+    """An exception with the agent's frames of its traceback (the trainer's own frames left out); one raised in an
+    agent process (``processes.py``) is that process's description of it."""
+    remote = getattr(e, "description", None)
+    if isinstance(remote, str):
+        return remote
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if not f.filename.startswith(_SKIP[0])][-4:]
+    where = "".join(traceback.format_list(frames))
+    return f"{where}{type(e).__name__}: {e}".strip()
+
+
 class LoopBlocked(Exception):
     """The episodes' loop stayed blocked past its limit; ``where`` is the code that holds it."""
 

@@ -32,9 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import os
 import sys
-import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -46,7 +44,8 @@ from ..types import TrajectoryGroup
 from .client import AgentClient, SyncAgentClient
 from .episodes import EpisodeRows, Outcome
 from .images import with_image_urls
-from .loop import EpisodeLoop, LoopBlocked
+from .loop import EpisodeLoop, LoopBlocked, describe
+from .processes import AgentProcesses
 from .session import EpisodeSession
 from .spec import AgentSpec
 from .template import CHAT_TEMPLATE_TYPES, Renderer
@@ -86,6 +85,8 @@ class AgentWorkflow:
         block_notice: seconds without a beat after which the episodes' loop counts as blocked
             (``loop.py``; at most ``timeout``).
         server: a started ``EndpointServer`` for ``http`` agents (None: started on first use).
+        processes: run an ``http`` agent's episodes in this many processes of their own (``processes.py``); 0: on
+            the episodes' event loop, in the trainer's process.
         vision: the policy's processor (``model/vision.py``'s ``VisionEncoder``), which renders requests whose
             messages carry images (``image_url`` parts, ``images.py``); None: such requests are refused (400) with
             ``no_images``, which says why (a text-only policy, a backend that samples text only).
@@ -101,7 +102,7 @@ class AgentWorkflow:
                  turn_discount: float = 1.0, tool_call_parser: str = "hermes",
                  max_concurrent: int | None = None, batching: str = "episodes", batch_wait: float | None = 30.0,
                  max_calls: int = 64, max_choices: int = 16, block_notice: float = 10.0, server=None,
-                 vision: Any = None, no_images: str = "the policy is a text-only model"):
+                 processes: int = 0, vision: Any = None, no_images: str = "the policy is a text-only model"):
         if batching not in BATCHING:
             raise UserError(f"rollout.agent_batching: got {batching!r}; must be one of {', '.join(BATCHING)}.")
         if chat_template_type not in CHAT_TEMPLATE_TYPES:
@@ -115,7 +116,8 @@ class AgentWorkflow:
         self.parser = get_parser(tool_call_parser)
         self.max_concurrent, self.batching, self.batch_wait, self.server = max_concurrent, batching, batch_wait, server
         self.vision, self.no_images = vision, no_images
-        self.instance = agent.target(**agent.kwargs) if agent.is_class else None
+        self.processes = AgentProcesses.of(agent, processes)
+        self.instance = agent.target(**agent.kwargs) if agent.is_class and not processes else None
         self.rows = EpisodeRows(tokenizer=tokenizer, agent=agent.path, failures=self.failures,
                                 turn_discount=turn_discount, export=export)
         self.block_notice = min(block_notice, self.timeout) if self.timeout is not None else block_notice
@@ -172,6 +174,9 @@ class AgentWorkflow:
             ended[0] += 1
             batcher.wake()
 
+        if self.processes is not None:
+            await self.processes.begin()
+            restarts = self.processes.restarts
         renderer = Renderer(self.tokenizer)  # a prompt's episodes render the same messages: once for the call
 
         def session(index: int) -> EpisodeSession:
@@ -191,6 +196,8 @@ class AgentWorkflow:
         groups = self.rows.groups(samples, outcomes)
         if groups:  # a count of the whole rollout call: on its first group, so that the sum over groups is it
             groups[0].stats["agent/batch_wait_timeouts"] = Sum(float(batcher.forced))
+            if self.processes is not None:
+                groups[0].stats["agent/process_restarts"] = Sum(float(self.processes.restarts - restarts))
         return groups
 
     async def _episode(self, session: EpisodeSession, row: dict, limit: asyncio.Semaphore,
@@ -215,7 +222,7 @@ class AgentWorkflow:
                 except Exception as e:  # noqa: BLE001 - the agent's error is contained and counted
                     if deadline.expired():
                         raise
-                    return Outcome(session, "error", error=_describe(e))
+                    return Outcome(session, "error", error=describe(e))
         except TimeoutError:  # a plain def run goes on in its thread: it cannot be stopped
             abandoned = not self.agent.is_async
             return Outcome(session, "timeout", error=f"took longer than {self.failures.agent.timeout_key}="
@@ -259,6 +266,8 @@ class AgentWorkflow:
     def close(self) -> None:
         """Stop the HTTP endpoint, if one was started, and close the episodes' event loop (the trainer calls
         this when the run ends)."""
+        if self.processes is not None:
+            self.processes.close()  # first: each closes its agent while the endpoint still answers
         if self.server is not None:
             server, self.server = self.server, None
             server.stop()
@@ -280,12 +289,14 @@ class AgentWorkflow:
             if inspect.isawaitable(result):
                 loop.run(asyncio.wait_for(result, 30), notice_s=30, abandon_s=35)
         except Exception as e:  # noqa: BLE001 - the run is ending; the agent's failure must not hide it
-            _warn(f"rollout.agent {self.agent.path}: its close() failed: {_describe(e)}")
+            _warn(f"rollout.agent {self.agent.path}: its close() failed: {describe(e)}")
 
     async def _call(self, session: EpisodeSession, data: dict, server: Any, key: str | None) -> Any:
         run = self.instance.run if self.instance is not None else self.agent.target
         kwargs = {} if self.agent.is_class else dict(self.agent.kwargs)
         if self.agent.style == "http":
+            if self.processes is not None:
+                return await self.processes.run(session.episode, data, dict(base_url=server.base_url, api_key=key))
             kwargs.update(base_url=server.base_url, api_key=key)
             if self.agent.is_async:
                 return await run(data, **kwargs)
@@ -327,15 +338,7 @@ class AgentWorkflow:
                           f"rollout (counted in agent/bad_requests; nothing of them is sampled or trained); the first: "
                           f"{refused}")
 
+
 def _warn(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr, flush=True)
 
-
-def _describe(e: BaseException) -> str:
-    """An exception with the agent's frames of its traceback (the trainer's own frames left out)."""
-    frames = [f for f in traceback.extract_tb(e.__traceback__) if not f.filename.startswith(_PACKAGE)][-4:]
-    where = "".join(traceback.format_list(frames))
-    return f"{where}{type(e).__name__}: {e}".strip()
-
-
-_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
