@@ -26,14 +26,15 @@ the episode's ``--calls`` model calls (``examples/agents/bench_agent.py``).
 (c) One agent in its two forms: the calculator agent written against the ``openai`` package
     (``examples/agents/calculator/openai_agent.py``) on its example's config (``builtin:tiny-tools`` after the
     example's warm start, cached after the first run), in process (``run(data, *, client)``) and over the
-    run's HTTP endpoint (``run(data, *, base_url, api_key)``): ``HTTPAgent`` builds one ``openai.AsyncOpenAI`` on
-    aiohttp and gives each episode its key with ``with_options`` (what docs/agents_http.md recommends),
-    ``HTTPxAgent`` is the same on the package's default transport (httpx), ``run_new_client`` builds a new
-    client in every episode, ``JSONAgent`` posts the same requests as JSON with aiohttp, without the
-    package (what the endpoint itself costs). Synchronous training through the real command
-    line, one run after the other; seconds per step and per rollout, and the ratio to in-process (target:
-    <= 1.3x per step for the client built once). The forms sample the same rows from the same seed (the
-    script checks it), so the difference is what the HTTP path costs.
+    run's HTTP endpoint (``run(data, *, base_url, api_key)``): ``HTTPAgent`` builds one ``openai.AsyncOpenAI``
+    on aiohttp and gives each episode its key with ``with_options`` (what docs/agents_http.md recommends),
+    on the trainer's event loop and in two agent processes (``rollout.agent_processes=2``); ``HTTPxAgent`` is
+    the same on the package's default transport (httpx), ``run_new_client`` builds a new client in every
+    episode, ``JSONAgent`` posts the same requests as JSON with aiohttp, without the package (what the
+    endpoint itself costs). Synchronous training through the real command line, one run after the other;
+    seconds per step and per rollout, and the ratio to in-process (target: <= 1.3x per step for the client
+    built once, in agent processes). The forms sample the same rows from the same seed (the script checks
+    it), so the difference is what the HTTP path costs.
 
     .venv/bin/python scripts/bench_agents.py                        # 0.2 s per tool call, 3 calls per episode
     .venv/bin/python scripts/bench_agents.py --latency 0.5 --calls 2

@@ -14,7 +14,9 @@ seed (``tests/rollout/test_agent_forms.py``):
   The client sends through aiohttp (the ``openai`` package's ``DefaultAioHttpClient``, installed by
   ``pip install "openai[aiohttp]"``): its default transport, httpx, checks every pooled connection on
   each request, which with 64 episodes in flight costs about 10 ms a request (docs/agents_http.md).
-  :class:`HTTPxAgent` is the same agent on the default transport, for comparison.
+  :class:`HTTPxAgent` is the same agent on the default transport, for comparison. With
+  ``rollout.agent_processes=2`` its episodes run in two processes of their own, where the package's work
+  per request runs beside the trainer's instead of on its event loop (docs/agents_http.md).
 * :class:`JSONAgent`: the same requests over HTTP without the ``openai`` package, posted as JSON with one
   ``aiohttp`` session, for comparison: the package's own work on each request (typing the parameters,
   building the request, parsing the reply into its types) is left out, so the difference to the in-process
