@@ -172,3 +172,23 @@ def test_the_count_of_processes_is_checked_with_the_key_and_the_fix():
     with pytest.raises(UserError, match="takes a client"):
         AgentProcesses.of(client, 1)
     assert AgentProcesses.of(http, 0) is None
+
+
+def test_a_process_whose_agent_blocks_its_loop_ends_by_itself_when_the_trainer_is_gone():
+    """The end of its input (the trainer died) ends a process even when the agent blocks its loop, ``CLOSE_S`` + 5
+    seconds later (0.5 s here: the test sets ``CLOSE_S`` in the process)."""
+    import subprocess
+    import sys
+    import time
+
+    from areal_trainer.rollout.agents.process_main import read_frame, write_frame
+
+    code = ("import areal_trainer.rollout.agents.process_main as m, sys; m.CLOSE_S = -4.5; sys.exit(m.main())")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    write_frame(proc.stdin, ("start", {"path": AGENTS + "blocks", "kwargs": {}, "sys_path": sys.path}))
+    assert read_frame(proc.stdout)[0] == "ready"
+    write_frame(proc.stdin, ("run", 0, {"x": 0}, KW))
+    time.sleep(0.5)
+    proc.stdin.close()  # as when the trainer is killed
+    start = time.monotonic()
+    assert proc.wait(timeout=20) == 1 and time.monotonic() - start < 10

@@ -111,6 +111,10 @@ class Server:
                 message = read_frame(self.inp)
                 loop.call_soon_threadsafe(inbox.put_nowait, message)
                 if message is None or message[0] == "close":
+                    # The trainer is gone or ends the run: a loop the agent blocks must not keep this process.
+                    deadline = threading.Timer(CLOSE_S + 5, os._exit, args=(1,))
+                    deadline.daemon = True  # a process that ends in time does not wait for it
+                    deadline.start()
                     return
 
         threading.Thread(target=read, name="areal-agent-process-input", daemon=True).start()
