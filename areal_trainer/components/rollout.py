@@ -109,8 +109,10 @@ def _agent(cfg, problems: list[str], light: bool, failures: FailurePolicy) -> tu
     n = len(problems)
     try:
         spec = load_agent(r.agent, dict(r.agent_kwargs))
-        if r.agent_processes and isinstance(r.agent_processes, int):  # a bad count: the config's own check
-            problems += [p for p in [agent_processes.check(spec, r.agent_processes)] if p]
+        if type(r.agent_processes) is int and r.agent_processes > 0:  # a bad count is the config's own problem
+            problem = agent_processes.check(spec, r.agent_processes)
+            if problem:
+                problems.append(problem)
     except PluginError as e:
         problems.append(str(e))
     try:

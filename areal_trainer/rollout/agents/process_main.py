@@ -32,6 +32,9 @@ import sys
 import threading
 from typing import Any, BinaryIO
 
+from .loop import DaemonExecutor, describe
+from .spec import call_agent, close_method, load_agent
+
 HEADER = struct.Struct(">I")
 CLOSE_S = 30.0
 """How long the agent's ``close()`` may take when the process ends."""
@@ -69,21 +72,15 @@ class Agent:
     """The resolved agent of this process: its ``run`` and the instance a class agent is built into."""
 
     def __init__(self, path: str, kwargs: dict):
-        from .spec import load_agent
-
         self.spec = load_agent(path, kwargs)
         self.instance = self.spec.target(**self.spec.kwargs) if self.spec.is_class else None
 
     async def run(self, data: dict, kwargs: dict) -> Any:
-        run = self.instance.run if self.instance is not None else self.spec.target
-        kwargs = dict(kwargs) if self.spec.is_class else {**self.spec.kwargs, **kwargs}
-        if self.spec.is_async:
-            return await run(data, **kwargs)
-        return await asyncio.to_thread(run, data, **kwargs)
+        return await call_agent(self.spec, self.instance, data, **kwargs)
 
     async def close(self) -> None:
-        close = getattr(self.instance, "close", None) or getattr(self.instance, "aclose", None)
-        if callable(close):
+        close = close_method(self.instance)
+        if close is not None:
             result = close()
             if inspect.isawaitable(result):
                 await asyncio.wait_for(result, CLOSE_S)
@@ -100,8 +97,6 @@ class Server:
         write_frame(self.out, message)
 
     async def serve(self) -> None:
-        from .loop import DaemonExecutor
-
         loop = asyncio.get_running_loop()
         loop.set_default_executor(DaemonExecutor())  # a plain def run past its time is left to run, not awaited
         inbox: asyncio.Queue = asyncio.Queue()
@@ -134,7 +129,7 @@ class Server:
             await self.agent.close()
         except Exception as e:  # noqa: BLE001 - the run is ending; reported, not raised
             print(f"warning: rollout.agent {self.agent.spec.path}: its close() failed in its agent process: "
-                  f"{_describe(e)}", file=sys.stderr, flush=True)
+                  f"{describe(e)}", file=sys.stderr, flush=True)
 
     async def episode(self, eid: int, data: dict, kwargs: dict) -> None:
         try:
@@ -143,7 +138,7 @@ class Server:
             self.send(("done", eid, False, "cancelled"))
             return
         except Exception as e:  # noqa: BLE001 - the agent's error goes to the trainer, which counts it
-            self.send(("done", eid, False, _describe(e)))
+            self.send(("done", eid, False, describe(e)))
             return
         finally:
             self.tasks.pop(eid, None)
@@ -152,12 +147,6 @@ class Server:
         except (pickle.PicklingError, TypeError, AttributeError) as e:
             self.send(("done", eid, False, f"the agent returned a {type(result).__name__} that cannot be sent to "
                        f"the trainer ({type(e).__name__}: {e}); return a float or {{completion_id: reward}}"))
-
-
-def _describe(e: BaseException) -> str:
-    from .loop import describe
-
-    return describe(e)
 
 
 def main() -> int:
@@ -174,7 +163,7 @@ def main() -> int:
     try:
         agent = Agent(settings["path"], settings["kwargs"])
     except Exception as e:  # noqa: BLE001 - told to the trainer, which names it for every episode
-        write_frame(out, ("failed", f"the agent could not be set up in its process: {_describe(e)}"))
+        write_frame(out, ("failed", f"the agent could not be set up in its process: {describe(e)}"))
         return 1
     write_frame(out, ("ready", os.getpid()))
     asyncio.run(Server(agent, inp, out).serve())

@@ -33,20 +33,22 @@ import threading
 import time
 from typing import Any
 
-from ...errors import UserError
+from ...errors import UserError, integer_at_least
+from . import process_main
 from .process_main import read_frame, write_frame
 
 CANCEL_GRACE_S = 2.0
 """How long a process may take to answer a cancellation before the next rollout call kills it."""
-CLOSE_S = 40.0
-"""How long a process may take to end at :meth:`AgentProcesses.close` (its agent's ``close()`` included)."""
+CLOSE_S = process_main.CLOSE_S + 10
+"""How long a process may take to end at :meth:`AgentProcesses.close`: its agent's ``close()`` and a margin."""
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def check(agent: Any, n: Any, key: str = "rollout.agent_processes") -> str | None:
     """What is wrong with running ``agent`` (an ``AgentSpec``) in ``n`` processes; None when nothing."""
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        return f"{key}: got {n!r}; must be an integer >= 0 (0: the agent runs in the trainer's process)."
+    bad_count = integer_at_least(key, n, 0, note="0: the agent runs in the trainer's process")
+    if bad_count:
+        return bad_count[0]
     if n and agent.style != "http":
         return (f"{key}={n}: {agent.path} takes a client (the in-process form), which cannot reach another "
                 f"process; set {key}=0, or write the agent as run(data, *, base_url, api_key).")

@@ -9,6 +9,7 @@ any model loads, naming the key and the fix.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from dataclasses import dataclass
 from typing import Any
@@ -73,3 +74,19 @@ def load_agent(path: Any, kwargs: dict, key: str = "rollout.agent") -> AgentSpec
                               f"(it takes {', '.join(params)}).")
     is_async = inspect.iscoroutinefunction(run)
     return AgentSpec(str(path), target, is_class, style, is_async, dict(kwargs))
+
+
+async def call_agent(spec: AgentSpec, instance: Any, data: dict, **kwargs: Any) -> Any:
+    """One episode: ``run(data, **kwargs)`` of ``instance`` (a class agent's) or of the function, which also gets
+    ``rollout.agent_kwargs``; a plain ``def run`` in a worker thread of the running loop."""
+    run = instance.run if instance is not None else spec.target
+    own = {} if spec.is_class else spec.kwargs
+    if spec.is_async:
+        return await run(data, **kwargs, **own)
+    return await asyncio.to_thread(run, data, **kwargs, **own)
+
+
+def close_method(instance: Any) -> Any:
+    """The agent instance's ``close`` (or ``aclose``), called once when the run ends; None without one."""
+    close = getattr(instance, "close", None) or getattr(instance, "aclose", None)
+    return close if callable(close) else None

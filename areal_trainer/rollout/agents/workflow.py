@@ -47,7 +47,7 @@ from .images import with_image_urls
 from .loop import EpisodeLoop, LoopBlocked, describe
 from .processes import AgentProcesses
 from .session import EpisodeSession
-from .spec import AgentSpec
+from .spec import AgentSpec, call_agent, close_method
 from .template import CHAT_TEMPLATE_TYPES, Renderer
 from .tool_parsers import get_parser
 
@@ -281,8 +281,8 @@ class AgentWorkflow:
     def _close_instance(self, loop: EpisodeLoop) -> None:
         """Await the agent instance's ``close()`` (or ``aclose()``), if it has one, on the episodes' loop, so
         that what it kept (a client, a session) closes where it was opened; a failure there is only reported."""
-        close = getattr(self.instance, "close", None) or getattr(self.instance, "aclose", None)
-        if not callable(close):
+        close = close_method(self.instance)
+        if close is None:
             return
         try:
             result = close()
@@ -292,19 +292,14 @@ class AgentWorkflow:
             _warn(f"rollout.agent {self.agent.path}: its close() failed: {describe(e)}")
 
     async def _call(self, session: EpisodeSession, data: dict, server: Any, key: str | None) -> Any:
-        run = self.instance.run if self.instance is not None else self.agent.target
-        kwargs = {} if self.agent.is_class else dict(self.agent.kwargs)
         if self.agent.style == "http":
+            endpoint = dict(base_url=server.base_url, api_key=key)
             if self.processes is not None:
-                return await self.processes.run(session.episode, data, dict(base_url=server.base_url, api_key=key))
-            kwargs.update(base_url=server.base_url, api_key=key)
-            if self.agent.is_async:
-                return await run(data, **kwargs)
-            return await asyncio.to_thread(run, data, **kwargs)
-        if self.agent.is_async:
-            return await run(data, client=AgentClient(session), **kwargs)
-        client = SyncAgentClient(session, asyncio.get_running_loop())
-        return await asyncio.to_thread(run, data, client=client, **kwargs)
+                return await self.processes.run(session.episode, data, endpoint)
+            return await call_agent(self.agent, self.instance, data, **endpoint)
+        client = (AgentClient(session) if self.agent.is_async
+                  else SyncAgentClient(session, asyncio.get_running_loop()))
+        return await call_agent(self.agent, self.instance, data, client=client)
 
     def _notify(self, outcomes: list[Outcome], forced: int) -> None:
         """Warn once about what the counters cannot say: words the tokenizer cannot spell, refused requests,
