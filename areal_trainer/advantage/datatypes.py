@@ -180,6 +180,9 @@ class TemporalInputs:
         gae_lambda_kwargs: keyword arguments of a lambda function.
         time_unit: ``actor.gae_timestep_unit``.
         config: the actor config.
+        absent: names of the ``[B, S]`` inputs above that nothing produced for this batch, all zeros:
+            ``kl_rewards`` (no reference or ``kl_ctl`` 0), ``process_rewards`` (none folded), ``values`` (no
+            critic). An estimator may skip its arithmetic with them.
     """
 
     loss_mask: torch.Tensor
@@ -195,6 +198,7 @@ class TemporalInputs:
     gae_lambda_kwargs: Mapping[str, Any]
     time_unit: str
     config: Any = None
+    absent: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)

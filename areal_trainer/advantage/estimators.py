@@ -11,6 +11,8 @@ Where the KL reward goes is the difference that matters beyond the time step:
 
 from __future__ import annotations
 
+import torch
+
 from .datatypes import TemporalInputs, TemporalResult
 from .gae import compute_gae_lambda, token_level_gae, turn_level_gae
 from .turns import MISSING_TURN_IDS
@@ -20,7 +22,7 @@ def token_gae(inputs: TemporalInputs) -> TemporalResult:
     """GAE over active tokens; reward = outcome + KL + folded process rewards."""
     lam = compute_gae_lambda(inputs.loss_mask, inputs.turn_ids, time_unit="token", gae_lambda=inputs.gae_lambda,
                              kwargs=inputs.gae_lambda_kwargs)
-    rewards = (inputs.outcome_rewards + inputs.kl_rewards).add_(inputs.process_rewards)
+    rewards = _plus(_plus(inputs.outcome_rewards, inputs, "kl_rewards"), inputs, "process_rewards")
     bootstrap = inputs.bootstrap_values * inputs.is_truncated
     adv, returns = token_level_gae(rewards, inputs.values, inputs.loss_mask, bootstrap,
                                    discount=inputs.discount, gae_lambda=lam)
@@ -33,9 +35,15 @@ def turn_gae(inputs: TemporalInputs) -> TemporalResult:
         raise ValueError(MISSING_TURN_IDS)
     lam = compute_gae_lambda(inputs.loss_mask, inputs.turn_ids, time_unit="turn", gae_lambda=inputs.gae_lambda,
                              kwargs=inputs.gae_lambda_kwargs)
-    task = inputs.outcome_rewards + inputs.process_rewards
+    task = _plus(inputs.outcome_rewards, inputs, "process_rewards")
     bootstrap = inputs.bootstrap_values * inputs.is_truncated
     adv, returns = turn_level_gae(task, inputs.values, inputs.loss_mask, inputs.turn_ids, bootstrap,
                                   discount=inputs.discount, gae_lambda=lam)
-    return TemporalResult(advantages=adv.add_(inputs.kl_rewards), returns=returns,
-                          total_rewards=task.add_(inputs.kl_rewards))
+    if "kl_rewards" not in inputs.absent:
+        adv.add_(inputs.kl_rewards)  # adv is the kernel's new tensor
+    return TemporalResult(advantages=adv, returns=returns, total_rewards=_plus(task, inputs, "kl_rewards"))
+
+
+def _plus(x: torch.Tensor, inputs: TemporalInputs, name: str) -> torch.Tensor:
+    """``x + inputs.<name>`` as a new tensor, or ``x`` itself when that input is absent (zeros)."""
+    return x if name in inputs.absent else x + getattr(inputs, name)

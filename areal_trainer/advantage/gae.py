@@ -20,9 +20,19 @@ of ``delta`` are ``(1/lambda) c V_{u_{k+1}}``), a discounted sum over the
 active positions that :func:`areal_trainer.advantage.scan.stepwise_discounted_cumsum` computes without
 moving them. Lambda at least 0.5 bounds the cancellation in ``- V_u / lambda`` to a factor 2.
 
-Otherwise the kernels compact each row's steps to the front (a scatter), run the recurrence with
-:func:`areal_trainer.advantage.scan.reverse_discounted_cumsum`, and gather the result back. One
-host synchronisation per call (the number of steps of the longest row) trims the work.
+Other token settings compact each row's steps to the front (a scatter), run the recurrence with
+:func:`areal_trainer.advantage.scan.reverse_discounted_cumsum`, and gather the result back.
+
+Turns are few, so their recurrence runs on ``[B, max id + 1]`` arrays, one column per turn id, and
+never scatters over the sequence (CPU scatters that add into few columns wait on each other's
+stores): the running maximum of the ids (which validation computes anyway) is sorted, so a binary
+search finds each turn's first token; a turn's reward sum is the difference of one cumulative sum
+read before its first token and before the next turn's; ids no active token carries are compacted
+away before the recurrence. Every token then reads its id's column (one int32 flat index for
+both outputs).
+
+Each kernel makes one host synchronisation per call (the longest row's steps, or its largest turn
+id), which trims the work.
 """
 
 from __future__ import annotations
@@ -37,7 +47,7 @@ import torch.nn.functional as F
 
 from ..errors import PluginOutputError
 from .scan import MIN_STEP_COEF, reverse_discounted_cumsum, stepwise_discounted_cumsum
-from .turns import MISSING_TURN_IDS, as_float_mask, validated_turn_starts
+from .turns import MISSING_TURN_IDS, as_float_mask, validated_turn_slots, validated_turn_starts
 
 TIME_UNITS = ("token", "turn")
 
@@ -154,7 +164,7 @@ def token_level_gae(
     m = as_float_mask(loss_mask)
     if _in_place(discount, gae_lambda):
         return _token_gae_in_place(rewards, values, m, bootstrap, discount, gae_lambda)
-    return _stepwise_gae(rewards, values, m, m, bootstrap, discount, gae_lambda)
+    return _compact_token_gae(rewards, values, m, bootstrap, discount, gae_lambda)
 
 
 def turn_level_gae(
@@ -167,7 +177,7 @@ def turn_level_gae(
     here (see :mod:`areal_trainer.advantage.turns`).
     """
     m = as_float_mask(loss_mask)
-    return _stepwise_gae(rewards, values, m, validated_turn_starts(turn_ids, m), bootstrap, discount, gae_lambda)
+    return _turn_gae(rewards, values, m, *validated_turn_slots(turn_ids, m), bootstrap, discount, gae_lambda)
 
 
 MIN_IN_PLACE_LAMBDA = 0.5
@@ -192,25 +202,18 @@ def _token_gae_in_place(rewards, values, mask, bootstrap, discount, lam):
     return adv, adv + v
 
 
-def _stepwise_gae(rewards, values, mask, starts, bootstrap, discount, gae_lambda):
-    """GAE over the steps that ``starts`` opens (float 0/1 masks); see the module docstring."""
+def _compact_token_gae(rewards, values, mask, bootstrap, discount, gae_lambda):
+    """Token GAE with each row's active tokens compacted to the front (any lambda); see the module docstring."""
     n_rows = mask.shape[0]
     r, v = rewards.float(), values.float()
-    step = starts.cumsum(-1)  # 1-based step of every position (exact in float32 below 2**24)
+    step = mask.cumsum(-1)  # 1-based step of every position (exact in float32 below 2**24)
     n_steps = step[:, -1:].clone()
     width = max(int(n_steps.max()), 1) if n_rows else 1  # the one host sync: trims the step arrays
-    # Column of each position in the compact step arrays; column 0 is a spill for inactive positions.
-    token_steps = starts is mask
-    # A turn takes the value of its first token: index only the starts (the rest spills to column 0).
-    at_v = None if token_steps else (step * starts).long()
+    # Column of each position in the compact step arrays; column 0 is a spill for inactive positions,
+    # and columns 1..width hold the steps (a step owns one position, so plain scatter suffices).
     at = step.mul_(mask).long()
-    # Columns 1..width hold the steps (the longest row's count bounds every index), so the arrays
-    # are as wide as the longest row has steps, not as the padded sequence (turns: far narrower).
-    r_steps = r.new_zeros(n_rows, width + 1)
-    v_steps = v.new_zeros(n_rows, width + 1).scatter_(1, at if token_steps else at_v, v)
-    # A token step owns one position, so plain scatter suffices; a turn sums its rewards.
-    r_steps = r_steps.scatter_(1, at, r) if token_steps else r_steps.scatter_add_(1, at, r)
-    r_steps, v_steps = r_steps[:, 1:], v_steps[:, 1:]
+    r_steps = r.new_zeros(n_rows, width + 1).scatter_(1, at, r)[:, 1:]
+    v_steps = v.new_zeros(n_rows, width + 1).scatter_(1, at, v)[:, 1:]
     # Value of the next step; after a row's last step, its bootstrap. Past the last step everything
     # is 0, so delta is 0 there (a row without steps gets a stray delta nobody reads).
     v_next = torch.cat([v_steps[:, 1:], v_steps.new_zeros(n_rows, 1)], dim=-1)
@@ -219,8 +222,58 @@ def _stepwise_gae(rewards, values, mask, starts, bootstrap, discount, gae_lambda
     adv_steps = reverse_discounted_cumsum(delta, discount * gae_lambda)
     # Gathering with a leading zero column leaves inactive positions at 0 without a mask multiply.
     adv = F.pad(adv_steps, (1, 0)).gather(1, at)
-    if token_steps:  # the step's value is the position's own value
-        return adv, adv + v
-    returns = F.pad(adv_steps + v_steps, (1, 0)).gather(1, at)
-    returns.addcmul_(v, 1 - mask)  # + V where inactive (exact: those entries are 0)
-    return adv, returns
+    return adv, adv + v
+
+
+def _turn_gae(rewards, values, mask, slots, running, bootstrap, discount, gae_lambda):
+    """GAE over turns from :func:`~areal_trainer.advantage.turns.validated_turn_slots` (consumed); see the
+    module docstring. The turn arrays have one column per turn id: each turn's first token is found by binary
+    search in the sorted running slots, its reward sum is the difference of one cumulative sum read before it
+    and before the next id, and ids that no active token carries are skipped by the recurrence."""
+    n_rows, seq_len = mask.shape
+    r, v = rewards.float(), values.float()
+    width = max(int(running[:, -1].max()), 1) if n_rows else 1  # the one host sync: the largest id + 1
+    slot = torch.arange(1, width + 1, device=mask.device, dtype=torch.float32).expand(n_rows, width).contiguous()
+    first = torch.searchsorted(running, slot)  # [B, W] first position of each id; seq_len past the row's last
+    at_first = first.clamp(max=seq_len - 1)
+    live = (running.gather(1, at_first) == slot).float()  # ids some active token carries
+    # Rewards strictly before each id's first token (inactive positions add 0); past the row's ids, its total.
+    total = torch.mul(r, mask).cumsum_(-1)
+    before = total.gather(1, (first - 1).clamp_(min=0)).mul_(first > 0)
+    r_ids = torch.cat([before[:, 1:], total[:, -1:]], dim=-1).sub_(before)  # 0 for ids without tokens
+    # The recurrence runs over the live ids, compacted to the front (column 0 a spill for the others).
+    step = live.cumsum(-1)
+    n_steps = step[:, -1:].clone()
+    at = step.mul_(live).long()
+    r_steps = r.new_zeros(n_rows, width + 1).scatter_(1, at, r_ids)[:, 1:]
+    v_steps = v.new_zeros(n_rows, width + 1).scatter_(1, at, v.gather(1, at_first))[:, 1:]
+    # Value of the next turn; after a row's last turn, its bootstrap (past it everything is 0).
+    v_next = torch.cat([v_steps[:, 1:], v_steps.new_zeros(n_rows, 1)], dim=-1)
+    v_next.scatter_(1, (n_steps - 1).clamp(min=0).long(), bootstrap.float()[:, None])
+    delta = v_next.mul_(discount).add_(r_steps).sub_(v_steps)
+    adv_steps = F.pad(reverse_discounted_cumsum(delta, discount * gae_lambda), (1, 0))
+    adv_ids = adv_steps.gather(1, at)  # [B, W]
+    ret_ids = adv_steps.add_(F.pad(v_steps, (1, 0))).gather(1, at)
+    # Every token reads its id's column (slot 0, a leading zero, for inactive ones); returns there are the values.
+    adv, returns = _read_columns((adv_ids, ret_ids), slots)
+    return adv, torch.lerp(v, returns, mask)  # exact for a 0/1 weight
+
+
+FLAT_LIMIT = 2**24
+"""Largest flat index :func:`_read_columns` computes in float32 (exact below it)."""
+
+
+def _read_columns(tables: tuple[torch.Tensor, ...], slots: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``out[b, s] = pad(table)[b, slots[b, s]]`` for each ``[B, W]`` table, a leading 0 column added;
+    ``slots``: ``[B, S]`` float whole numbers in ``[0, W]`` (consumed).
+
+    One int32 index into the flattened tables (index_select) where it fits: half the index memory of
+    ``gather``'s int64 and faster on CPU."""
+    n_rows, width = tables[0].shape
+    padded = [F.pad(t, (1, 0)) for t in tables]
+    if n_rows * (width + 1) >= FLAT_LIMIT:
+        idx = slots.long()
+        return tuple(t.gather(1, idx) for t in padded)
+    base = torch.arange(0, n_rows * (width + 1), width + 1, device=slots.device, dtype=slots.dtype)
+    flat = slots.add_(base[:, None]).int().view(-1)
+    return tuple(t.view(-1).index_select(0, flat).view_as(slots) for t in padded)

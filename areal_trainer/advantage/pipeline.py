@@ -142,7 +142,9 @@ def run_default(inputs: AdvantageInputs, stages: Stages) -> AdvantageResult:
         loss_mask=m, outcome_rewards=place_outcome(rows, m), kl_rewards=kl, process_rewards=folded, values=values,
         bootstrap_values=bootstrap_values(values, seqlen), is_truncated=truncated, turn_ids=ids,
         discount=cfg.discount, gae_lambda=stages.gae_lambda, gae_lambda_kwargs=dict(cfg.gae_lambda_kwargs),
-        time_unit=cfg.gae_timestep_unit, config=inputs.config)
+        time_unit=cfg.gae_timestep_unit, config=inputs.config,
+        absent=frozenset(name for name, t in (("kl_rewards", kl), ("process_rewards", folded), ("values", values))
+                         if t is zeros))
     est = stages.estimator(temporal)
     if not stages.estimator.builtin:
         check.check_temporal(est, label=stages.estimator.label, shape=shape, device=device)

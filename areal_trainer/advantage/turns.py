@@ -48,25 +48,26 @@ def check_turn_ids(turn_ids: torch.Tensor, loss_mask: torch.Tensor) -> None:
     validated_turn_starts(turn_ids, loss_mask)
 
 
-def validated_turn_starts(turn_ids: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
-    """:func:`check_turn_ids`, then ``[B, S]`` float 0/1 marking the first active token of each turn."""
+def validated_turn_slots(turn_ids: torch.Tensor, loss_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`check_turn_ids`, then ``(slots, running)``, ``[B, S]`` float32 each.
+
+    ``slots`` is each active token's turn id plus one, 0 elsewhere; ``running`` its running maximum along
+    the row (sorted: the slot of the latest turn so far, 0 before the first), so the first position where
+    ``running`` reaches ``j`` is the first token of the turn with id ``j - 1``.
+    """
     check_turn_ids_format(turn_ids, loss_mask)
     m = as_float_mask(loss_mask)
     if m.numel() == 0:
-        return m.clone()
-    ids = turn_ids.float().mul_(m)  # inactive ids are irrelevant (and may be anything): 0 from here
-    seq_len = ids.shape[-1]
-    # Inactive positions are 0 in ids (and in the gap below), so plain min/max over the batch decide each rule.
-    low, high = torch.aminmax(ids)
-    # The buffer becomes the active ids with -1 elsewhere, then, in place, the gap of each active id over the
-    # largest active id strictly before it (the running max, -1 before the first): >= 1 exactly where a new
-    # turn starts.
-    gap = ids.add_(m).sub_(1)
-    running = gap.cummax(dim=-1).values
-    gap[:, 1:].sub_(running[:, :-1])
-    gap[:, 0].add_(1)
-    gap.mul_(m)
-    flags = torch.stack([low < 0, high > seq_len - 1, gap.amin() < 0])
+        return m.clone(), m.clone()
+    slots = turn_ids.float().mul_(m)  # inactive ids are irrelevant (and may be anything): 0 from here
+    seq_len = slots.shape[-1]
+    # Inactive positions are 0 here, so plain min/max over the batch decide the range rules.
+    low, high = torch.aminmax(slots)
+    slots.add_(m)
+    running = slots.cummax(dim=-1).values
+    # An active token behind the running maximum has an id below an earlier one.
+    behind = (running - slots).mul_(m).amax()
+    flags = torch.stack([low < 0, high > seq_len - 1, behind > 0])
     negative, too_big, decreasing = flags.tolist()
     if negative:
         raise RuntimeError("turn_ids must be non-negative at active (loss) positions; use -1 only on prompt, "
@@ -76,4 +77,15 @@ def validated_turn_starts(turn_ids: torch.Tensor, loss_mask: torch.Tensor) -> to
     if decreasing:
         raise RuntimeError("turn_ids must be temporally nondecreasing across active positions (one id per "
                            "assistant turn, in generation order).")
-    return gap.clamp_(0, 1)
+    return slots, running
+
+
+def validated_turn_starts(turn_ids: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+    """:func:`check_turn_ids`, then ``[B, S]`` float 0/1 marking the first active token of each turn."""
+    slots, running = validated_turn_slots(turn_ids, loss_mask)
+    if slots.numel() == 0:
+        return slots
+    # A turn starts where an active slot exceeds the running maximum before it (0 before the first turn);
+    # inactive positions (slot 0) never do.
+    slots[:, 1:].sub_(running[:, :-1])
+    return slots.clamp_(0, 1)

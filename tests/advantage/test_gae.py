@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from areal_trainer.advantage.gae import _stepwise_gae, token_level_gae, turn_level_gae
+from areal_trainer.advantage.gae import _compact_token_gae, token_level_gae, turn_level_gae
 from areal_trainer.advantage.scan import MIN_STEP_COEF, reverse_discounted_cumsum, stepwise_discounted_cumsum
 from areal_trainer.advantage.turns import check_turn_ids
 
@@ -152,7 +152,7 @@ def test_in_place_token_kernel_equals_the_compacting_one(discount, lam):
     m[1, 2000:] = 0  # a row that ends early
     r, v, boot = torch.randn(4, 3000, generator=g), torch.randn(4, 3000, generator=g), torch.randn(4, generator=g)
     fast = token_level_gae(r, v, m, boot, discount=discount, gae_lambda=lam)
-    compact = _stepwise_gae(r, v, m, m, boot, discount, lam)
+    compact = _compact_token_gae(r, v, m, boot, discount, lam)
     slow = token_gae_loop(r, v, m.bool(), boot, discount=discount, gae_lambda=lam)
     for a, c, b in zip(fast, compact, slow):
         assert torch.allclose(a, c, atol=2e-5)
