@@ -37,7 +37,9 @@ def turn_gae(inputs: TemporalInputs) -> TemporalResult:
                              kwargs=inputs.gae_lambda_kwargs)
     task = _plus(inputs.outcome_rewards, inputs, "process_rewards")
     bootstrap = inputs.bootstrap_values * inputs.is_truncated
-    adv, returns = turn_level_gae(task, inputs.values, inputs.loss_mask, inputs.turn_ids, bootstrap,
+    # The outcome alone sits at each row's last active token: the kernel takes it as one reward per row.
+    rewards = task.sum(-1) if "process_rewards" in inputs.absent else task
+    adv, returns = turn_level_gae(rewards, inputs.values, inputs.loss_mask, inputs.turn_ids, bootstrap,
                                   discount=inputs.discount, gae_lambda=lam)
     if "kl_rewards" not in inputs.absent:
         adv.add_(inputs.kl_rewards)  # adv is the kernel's new tensor

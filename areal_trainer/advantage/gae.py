@@ -174,7 +174,8 @@ def turn_level_gae(
     """GAE with one step per non-empty turn; the turn's advantage and return go to all its tokens.
 
     Same arguments as :func:`token_level_gae`, plus ``turn_ids``: ``[B, S]`` aligned, validated
-    here (see :mod:`areal_trainer.advantage.turns`).
+    here (see :mod:`areal_trainer.advantage.turns`). ``rewards`` may also be ``[B]``: one reward per row
+    at its last active token (where the outcome is placed), so all of it goes to the row's last turn.
     """
     m = as_float_mask(loss_mask)
     return _turn_gae(rewards, values, m, *validated_turn_slots(turn_ids, m), bootstrap, discount, gae_lambda)
@@ -231,21 +232,19 @@ def _turn_gae(rewards, values, mask, slots, running, bootstrap, discount, gae_la
     search in the sorted running slots, its reward sum is the difference of one cumulative sum read before it
     and before the next id, and ids that no active token carries are skipped by the recurrence."""
     n_rows, seq_len = mask.shape
-    r, v = rewards.float(), values.float()
-    width = max(int(running[:, -1].max()), 1) if n_rows else 1  # the one host sync: the largest id + 1
+    v = values.float()
+    last = running[:, -1:]  # each row's last turn (its slot; 0 without one)
+    width = max(int(last.max()), 1) if n_rows else 1  # the one host sync: the largest id + 1
     slot = torch.arange(1, width + 1, device=mask.device, dtype=torch.float32).expand(n_rows, width).contiguous()
     first = torch.searchsorted(running, slot)  # [B, W] first position of each id; seq_len past the row's last
     at_first = first.clamp(max=seq_len - 1)
     live = (running.gather(1, at_first) == slot).float()  # ids some active token carries
-    # Rewards strictly before each id's first token (inactive positions add 0); past the row's ids, its total.
-    total = torch.mul(r, mask).cumsum_(-1)
-    before = total.gather(1, (first - 1).clamp_(min=0)).mul_(first > 0)
-    r_ids = torch.cat([before[:, 1:], total[:, -1:]], dim=-1).sub_(before)  # 0 for ids without tokens
+    r_ids = _turn_rewards(rewards.float(), mask, first, last)
     # The recurrence runs over the live ids, compacted to the front (column 0 a spill for the others).
     step = live.cumsum(-1)
     n_steps = step[:, -1:].clone()
     at = step.mul_(live).long()
-    r_steps = r.new_zeros(n_rows, width + 1).scatter_(1, at, r_ids)[:, 1:]
+    r_steps = r_ids.new_zeros(n_rows, width + 1).scatter_(1, at, r_ids)[:, 1:]
     v_steps = v.new_zeros(n_rows, width + 1).scatter_(1, at, v.gather(1, at_first))[:, 1:]
     # Value of the next turn; after a row's last turn, its bootstrap (past it everything is 0).
     v_next = torch.cat([v_steps[:, 1:], v_steps.new_zeros(n_rows, 1)], dim=-1)
@@ -257,6 +256,18 @@ def _turn_gae(rewards, values, mask, slots, running, bootstrap, discount, gae_la
     # Every token reads its id's column (slot 0, a leading zero, for inactive ones); returns there are the values.
     adv, returns = _read_columns((adv_ids, ret_ids), slots)
     return adv, torch.lerp(v, returns, mask)  # exact for a 0/1 weight
+
+
+def _turn_rewards(r: torch.Tensor, mask: torch.Tensor, first: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+    """``[B, W]`` reward sum of each turn id (0 for ids without tokens) from ``[B, S]`` rewards, or from
+    ``[B]`` rewards at each row's last active token (all of it to the row's ``last`` slot, ``[B, 1]``)."""
+    if r.dim() == 1:
+        r_ids = torch.zeros(first.shape, dtype=r.dtype, device=r.device)
+        return r_ids.scatter_(1, (last - 1).clamp(min=0).long(), (r * last.clamp(max=1).squeeze(1))[:, None])
+    # Rewards strictly before each id's first token (inactive positions add 0); past the row's ids, its total.
+    total = torch.mul(r, mask).cumsum_(-1)
+    before = total.gather(1, (first - 1).clamp_(min=0)).mul_(first > 0)
+    return torch.cat([before[:, 1:], total[:, -1:]], dim=-1).sub_(before)
 
 
 FLAT_LIMIT = 2**24

@@ -65,9 +65,9 @@ def validated_turn_slots(turn_ids: torch.Tensor, loss_mask: torch.Tensor) -> tup
     low, high = torch.aminmax(slots)
     slots.add_(m)
     running = slots.cummax(dim=-1).values
-    # An active token behind the running maximum has an id below an earlier one.
-    behind = (running - slots).mul_(m).amax()
-    flags = torch.stack([low < 0, high > seq_len - 1, behind > 0])
+    # An active token behind the running maximum has an id below an earlier one (inactive ones give 0 here).
+    behind = torch.addcmul(slots, running, m, value=-1).amin()
+    flags = torch.stack([low < 0, high > seq_len - 1, behind < 0])
     negative, too_big, decreasing = flags.tolist()
     if negative:
         raise RuntimeError("turn_ids must be non-negative at active (loss) positions; use -1 only on prompt, "

@@ -91,6 +91,32 @@ def test_kernels_match_loops(discount, lam):
         assert torch.allclose(a.double(), b, atol=1e-4)
 
 
+@pytest.mark.parametrize("discount,lam", [(1.0, 1.0), (0.99, 0.95), (0.9, 0.0), (1.0, "row")])
+def test_turn_kernel_takes_one_reward_per_row_as_the_outcome_at_the_last_active_token(discount, lam):
+    # The [B] form credits each row's reward to its last turn, as the placed [B, S] outcome does; gaps in the
+    # ids, a row without a turn, one turn only and a row whose last active token is its last column.
+    g = torch.Generator().manual_seed(5)
+    n_rows, width = 5, 120
+    m = torch.rand(n_rows, width, generator=g) < 0.5
+    m[0] = False
+    m[1] = False
+    m[1, 40:60] = True
+    m[2, -1] = True
+    ids = torch.where(m, ((torch.rand(n_rows, width, generator=g) < 0.06).long().cumsum(-1)) * 2, -1)
+    ids[1] = torch.where(m[1], 7, -1)
+    scores, v, boot = torch.randn(n_rows, generator=g), torch.randn(n_rows, width, generator=g), torch.randn(n_rows)
+    lam = torch.rand(n_rows, generator=g) if lam == "row" else lam
+    last = (m * torch.arange(1, width + 1)).amax(-1)  # 1-based, 0 without an active token
+    placed = torch.zeros(n_rows, width).scatter_(1, (last - 1).clamp(min=0)[:, None], (scores * (last > 0))[:, None])
+    per_row = turn_level_gae(scores, v, m, ids, boot, discount=discount, gae_lambda=lam)
+    per_token = turn_level_gae(placed, v, m, ids, boot, discount=discount, gae_lambda=lam)
+    slow = turn_gae_loop(placed, v, m, ids, boot, discount=discount, gae_lambda=lam)
+    for a, b, c in zip(per_row, per_token, slow):
+        assert torch.allclose(a, b, atol=1e-6)
+        assert torch.allclose(a.double(), c, atol=1e-5)
+    assert (per_row[0][0] == 0).all() and torch.equal(per_row[1][0], v[0])  # no turn: advantage 0, returns V
+
+
 @pytest.mark.parametrize("n", [1, 63, 64, 65, 200, 4500])
 def test_scan_matches_definition(n):
     x = torch.randn(3, n, dtype=torch.float64, generator=torch.Generator().manual_seed(n))
