@@ -233,6 +233,8 @@ def _turn_gae(rewards, values, mask, slots, running, bootstrap, discount, gae_la
     and before the next id, and ids that no active token carries are skipped by the recurrence."""
     n_rows, seq_len = mask.shape
     v = values.float()
+    if seq_len == 0:
+        return torch.zeros_like(v), v.clone()
     last = running[:, -1:]  # each row's last turn (its slot; 0 without one)
     width = max(int(last.max()), 1) if n_rows else 1  # the one host sync: the largest id + 1
     slot = torch.arange(1, width + 1, device=mask.device, dtype=torch.float32).expand(n_rows, width).contiguous()

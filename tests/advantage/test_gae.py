@@ -205,3 +205,14 @@ def test_turn_ids_format_errors():
         check_turn_ids(torch.zeros(1, 4, dtype=torch.long, device="meta"), ONES4)
     check_turn_ids(T([[0, 0, 1, 1]], dtype=torch.uint8), ONES4)  # any integer dtype is accepted
     check_turn_ids(T([[0, -1, 3, 3]]), T([[1, 0, 1, 1]]).bool())  # -1 only where inactive; gaps allowed
+
+
+@pytest.mark.parametrize("shape", [(0, 5), (3, 0), (0, 0)])
+@pytest.mark.parametrize("per_row", [False, True])
+def test_turn_kernel_on_empty_batches(shape, per_row):
+    n_rows, width = shape
+    v = torch.randn(shape)
+    r = torch.ones(n_rows) if per_row else torch.ones(shape)
+    adv, ret = turn_level_gae(r, v, torch.ones(shape), torch.zeros(shape, dtype=torch.long), torch.zeros(n_rows),
+                              discount=0.9, gae_lambda=0.9)
+    assert adv.shape == ret.shape == shape and torch.equal(ret, v)
