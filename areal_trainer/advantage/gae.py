@@ -31,8 +31,8 @@ read before its first token and before the next turn's; ids no active token carr
 away before the recurrence. Every token then reads its id's column (one int32 flat index for
 both outputs).
 
-Each kernel makes one host synchronisation per call (the longest row's steps, or its largest turn
-id), which trims the work.
+Each kernel makes one host synchronisation per call, which trims the work: the longest row's steps, or,
+for turns, the validation's, which also brings back the largest turn id.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ import torch.nn.functional as F
 
 from ..errors import PluginOutputError
 from .scan import MIN_STEP_COEF, reverse_discounted_cumsum, stepwise_discounted_cumsum
-from .turns import MISSING_TURN_IDS, as_float_mask, validated_turn_slots, validated_turn_starts
+from .turns import MISSING_TURN_IDS, TurnSlots, as_float_mask, validated_turn_slots, validated_turn_starts
 
 TIME_UNITS = ("token", "turn")
 
@@ -178,7 +178,7 @@ def turn_level_gae(
     at its last active token (where the outcome is placed), so all of it goes to the row's last turn.
     """
     m = as_float_mask(loss_mask)
-    return _turn_gae(rewards, values, m, *validated_turn_slots(turn_ids, m), bootstrap, discount, gae_lambda)
+    return _turn_gae(rewards, values, m, validated_turn_slots(turn_ids, m), bootstrap, discount, gae_lambda)
 
 
 MIN_IN_PLACE_LAMBDA = 0.5
@@ -226,7 +226,7 @@ def _compact_token_gae(rewards, values, mask, bootstrap, discount, gae_lambda):
     return adv, adv + v
 
 
-def _turn_gae(rewards, values, mask, slots, running, bootstrap, discount, gae_lambda):
+def _turn_gae(rewards, values, mask, turns: TurnSlots, bootstrap, discount, gae_lambda):
     """GAE over turns from :func:`~areal_trainer.advantage.turns.validated_turn_slots` (consumed); see the
     module docstring. The turn arrays have one column per turn id: each turn's first token is found by binary
     search in the sorted running slots, its reward sum is the difference of one cumulative sum read before it
@@ -235,8 +235,8 @@ def _turn_gae(rewards, values, mask, slots, running, bootstrap, discount, gae_la
     v = values.float()
     if seq_len == 0:
         return torch.zeros_like(v), v.clone()
+    slots, running, width = turns
     last = running[:, -1:]  # each row's last turn (its slot; 0 without one)
-    width = max(int(last.max()), 1) if n_rows else 1  # the one host sync: the largest id + 1
     slot = torch.arange(1, width + 1, device=mask.device, dtype=torch.float32).expand(n_rows, width).contiguous()
     first = torch.searchsorted(running, slot)  # [B, W] first position of each id; seq_len past the row's last
     at_first = first.clamp(max=seq_len - 1)

@@ -11,6 +11,8 @@ comparisons that produce bool tensors cost several times more than float arithme
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 INT_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
@@ -45,20 +47,31 @@ def check_turn_ids(turn_ids: torch.Tensor, loss_mask: torch.Tensor) -> None:
         ValueError: wrong shape, device or dtype.
         RuntimeError: an active id is negative, >= S, or smaller than an earlier active id.
     """
-    validated_turn_starts(turn_ids, loss_mask)
+    validated_turn_slots(turn_ids, loss_mask)
 
 
-def validated_turn_slots(turn_ids: torch.Tensor, loss_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`check_turn_ids`, then ``(slots, running)``, ``[B, S]`` float32 each.
+class TurnSlots(NamedTuple):
+    """Validated turn ids as the turn kernels read them.
 
-    ``slots`` is each active token's turn id plus one, 0 elsewhere; ``running`` its running maximum along
-    the row (sorted: the slot of the latest turn so far, 0 before the first), so the first position where
-    ``running`` reaches ``j`` is the first token of the turn with id ``j - 1``.
+    Attributes:
+        slots: ``[B, S]`` float32, each active token's turn id plus one, 0 elsewhere.
+        running: ``[B, S]`` float32, the running maximum of ``slots`` along the row (sorted: the slot of the
+            latest turn so far, 0 before the first), so the first position where ``running`` reaches ``j`` is
+            the first token of the turn with id ``j - 1``.
+        width: the largest slot of the batch (the largest active id plus one), at least 1.
     """
+
+    slots: torch.Tensor
+    running: torch.Tensor
+    width: int
+
+
+def validated_turn_slots(turn_ids: torch.Tensor, loss_mask: torch.Tensor) -> TurnSlots:
+    """:func:`check_turn_ids`, then the ids as :class:`TurnSlots` (one host sync for the checks and the width)."""
     check_turn_ids_format(turn_ids, loss_mask)
     m = as_float_mask(loss_mask)
     if m.numel() == 0:
-        return m.clone(), m.clone()
+        return TurnSlots(m.clone(), m.clone(), 1)
     slots = turn_ids.float().mul_(m)  # inactive ids are irrelevant (and may be anything): 0 from here
     seq_len = slots.shape[-1]
     # Inactive positions are 0 here, so plain min/max over the batch decide the range rules.
@@ -67,22 +80,21 @@ def validated_turn_slots(turn_ids: torch.Tensor, loss_mask: torch.Tensor) -> tup
     running = slots.cummax(dim=-1).values
     # An active token behind the running maximum has an id below an earlier one (inactive ones give 0 here).
     behind = torch.addcmul(slots, running, m, value=-1).amin()
-    flags = torch.stack([low < 0, high > seq_len - 1, behind < 0])
-    negative, too_big, decreasing = flags.tolist()
-    if negative:
+    low, high, behind = torch.stack([low, high, behind]).tolist()  # whole numbers, exact in float32 below 2**24
+    if low < 0:
         raise RuntimeError("turn_ids must be non-negative at active (loss) positions; use -1 only on prompt, "
                            "tool, user and padding tokens.")
-    if too_big:
+    if high > seq_len - 1:
         raise RuntimeError(f"turn_ids must be smaller than the sequence length ({seq_len}) at active positions.")
-    if decreasing:
+    if behind < 0:
         raise RuntimeError("turn_ids must be temporally nondecreasing across active positions (one id per "
                            "assistant turn, in generation order).")
-    return slots, running
+    return TurnSlots(slots, running, max(int(high) + 1, 1))
 
 
 def validated_turn_starts(turn_ids: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
     """:func:`check_turn_ids`, then ``[B, S]`` float 0/1 marking the first active token of each turn."""
-    slots, running = validated_turn_slots(turn_ids, loss_mask)
+    slots, running, _ = validated_turn_slots(turn_ids, loss_mask)
     if slots.numel() == 0:
         return slots
     # A turn starts where an active slot exceeds the running maximum before it (0 before the first turn);

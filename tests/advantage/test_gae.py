@@ -216,3 +216,18 @@ def test_turn_kernel_on_empty_batches(shape, per_row):
     adv, ret = turn_level_gae(r, v, torch.ones(shape), torch.zeros(shape, dtype=torch.long), torch.zeros(n_rows),
                               discount=0.9, gae_lambda=0.9)
     assert adv.shape == ret.shape == shape and torch.equal(ret, v)
+
+
+def test_turn_kernel_reads_its_columns_alike_through_the_flat_index_and_the_gather(monkeypatch):
+    # Batches whose flat index would not be exact in float32 (B * (ids + 1) >= 2**24) read through gather.
+    from areal_trainer.advantage import gae
+
+    g = torch.Generator().manual_seed(3)
+    m = torch.rand(4, 200, generator=g) < 0.6
+    ids = torch.where(m, (torch.rand(4, 200, generator=g) < 0.05).long().cumsum(-1), -1)
+    r, v, boot = torch.randn(4, 200, generator=g), torch.randn(4, 200, generator=g), torch.randn(4, generator=g)
+    flat = turn_level_gae(r, v, m, ids, boot, discount=0.99, gae_lambda=0.95)
+    monkeypatch.setattr(gae, "FLAT_LIMIT", 1)
+    gathered = turn_level_gae(r, v, m, ids, boot, discount=0.99, gae_lambda=0.95)
+    for a, b in zip(flat, gathered):
+        assert torch.equal(a, b)
