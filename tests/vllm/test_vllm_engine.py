@@ -67,12 +67,24 @@ def vllm_mod():
 
 
 @pytest.fixture(scope="module")
-def setup(vllm_mod):
+def engine_tmp(tmp_path_factory):
+    """The temporary-files folder the shared engine was built with."""
+    return tmp_path_factory.mktemp("engine_tmp")
+
+
+@pytest.fixture(scope="module")
+def setup(vllm_mod, engine_tmp):
+    import tempfile
+
     from areal_trainer.rollout.engines.vllm import VLLMEngine
 
     tok = build_tokenizer()
     model = build_model("builtin:tiny", tok, 0).eval()
-    engine = VLLMEngine(model, tok, device=CPU, seed=0)
+    before, tempfile.tempdir = tempfile.tempdir, str(engine_tmp)
+    try:
+        engine = VLLMEngine(model, tok, device=CPU, seed=0)
+    finally:
+        tempfile.tempdir = before
     prompts = [prompt_ids(tok, [{"role": "user", "content": r["question"]}]) for r in arith.generate("test", 6)]
     yield model, tok, engine, prompts
     engine.close()
@@ -101,6 +113,12 @@ def perturb(params, scale, seed):
     with torch.no_grad():
         for p in params:
             p.add_(torch.randn(p.shape, generator=gen) * scale)
+
+
+def test_the_engine_keeps_no_copy_of_the_model_on_disk(setup, engine_tmp):
+    """The folder the engine is built from is deleted once it is built (a killed process leaves no copy of the
+    model behind); it samples and takes new weights without it (the tests below)."""
+    assert [p.name for p in engine_tmp.iterdir() if p.name.startswith("areal_vllm_")] == []
 
 
 def test_logprobs_match_transformers_before_and_after_weight_syncs(setup):

@@ -162,21 +162,23 @@ class VLLMEngine:
         kwargs.update(dict(enforce_eager=True, block_size=CPU_BLOCK_SIZE) if on_cpu
                       else dict(gpu_memory_utilization=GPU_MEMORY_UTILIZATION))
         kwargs.update(llm_kwargs)
-        self._dir = tempfile.mkdtemp(prefix="areal_vllm_")
+        # vLLM builds its engine from a model directory: the weights (or only the architecture) go to a
+        # temporary one, deleted as soon as the engine is built (weights load at build time; later ones are
+        # pushed), so no copy of the model is left behind by a process that is killed.
+        folder = tempfile.mkdtemp(prefix="areal_vllm_")
         try:
             if any(p.is_meta for p in model.parameters()):  # the architecture only: its weights are pushed later
-                model.config.save_pretrained(self._dir)
+                model.config.save_pretrained(folder)
                 kwargs.setdefault("load_format", "dummy")
             else:
-                model.save_pretrained(self._dir)
+                model.save_pretrained(folder)
             # Building the engine seeds the global RNGs of this process (in-process mode); keep the
             # trainer's random streams as they were.
             devices = [torch.cuda.current_device()] if self.device.type == "cuda" else []
             with torch.random.fork_rng(devices=devices):
-                self.llm = vllm.LLM(model=self._dir, **kwargs)
-        except Exception:
-            shutil.rmtree(self._dir, ignore_errors=True)
-            raise
+                self.llm = vllm.LLM(model=folder, **kwargs)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
         self._sampling_params = vllm.SamplingParams
         self._delta = vllm.sampling_params.RequestOutputKind.DELTA
 
@@ -328,16 +330,13 @@ class VLLMEngine:
 
     # -- lifetime ---------------------------------------------------------------------------------
     def close(self) -> None:
-        """Shut the engine down and delete its temporary model directory (idempotent)."""
+        """Shut the engine down (idempotent)."""
         llm = self.__dict__.pop("llm", None)
         if llm is not None:
             try:
                 llm.llm_engine.engine_core.shutdown()
             except Exception:  # noqa: BLE001 - best effort at teardown
                 pass
-        if getattr(self, "_dir", None):
-            shutil.rmtree(self._dir, ignore_errors=True)
-            self._dir = None
 
     def __del__(self):
         try:
