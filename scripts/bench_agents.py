@@ -25,7 +25,8 @@ the episode's ``--calls`` model calls (``examples/agents/bench_agent.py``).
 
 (c) One agent in its two forms: the calculator agent written against the ``openai`` package
     (``examples/agents/calculator/openai_agent.py``) on its example's config (``builtin:tiny-tools`` after the
-    example's warm start, cached after the first run), in process (``run(data, *, client)``) and over the
+    example's warm start, cached after the first run; its first 2,000 training rows, as (b), so that each start
+    checks 2,000 prompts' lengths, not 50,000), in process (``run(data, *, client)``) and over the
     run's HTTP endpoint (``run(data, *, base_url, api_key)``): ``HTTPAgent`` builds one ``openai.AsyncOpenAI``
     on aiohttp and gives each episode its key with ``with_options`` (what docs/agents_http.md recommends),
     on the trainer's event loop and in two agent processes (``rollout.agent_processes=2``); ``HTTPxAgent`` is
@@ -267,7 +268,8 @@ def part_c(s: dict, args) -> float:
         for name, agent, extra in FORMS:
             overrides = ["--config-dir", os.path.join(ROOT, "examples", "agents", "calculator"), "--config-name",
                          "calculator", f"seed={args.seed}", f"total_train_steps={s['c_warmup'] + s['c_steps']}",
-                         f"train_dataset.batch_size={s['c_prompts']}", f"gconfig.n_samples={s['c_samples']}",
+                         f"train_dataset.batch_size={s['c_prompts']}", "train_dataset.max_rows=2000",
+                         f"gconfig.n_samples={s['c_samples']}",
                          f"rollout.agent={agent}", f"sft_warmup.steps={s['c_sft']}", f"actor.path={s['c_model']}",
                          *extra, *QUIET, *args.overrides]
             rows.append(cli_run(name, 0, overrides, s["c_warmup"], tmp, "(c)"))
