@@ -194,3 +194,54 @@ def test_a_gone_server_is_reported_not_raised(tiny, tmp_path):
     pusher = DiskPusher(str(tmp_path), timeout=10)
     gone = f"127.0.0.1:{free_port()}"
     assert pusher.push(tiny[1], 1, [gone]) == [gone]
+
+
+def test_a_server_gone_mid_update_ends_the_others_wait_at_once(monkeypatch):
+    """A weight group of the trainer and two servers; the first is gone when the weights are broadcast: the update
+    reports it gone within seconds, and the other server's receive fails at once instead of waiting out the
+    group's timeout (the update used to wait that long for it, with the run stalled)."""
+    import time
+
+    from areal_trainer.rollout.servers.weights import GroupPusher, Unreachable
+
+    port, timeout = free_port(), 60
+    weights = {"x": torch.randn(64, 64), "y": torch.randn(300)}
+    metas = metas_of(weights.items())
+    members: dict = {}
+    ended: dict = {}
+
+    def join(rank: int) -> None:
+        members[rank] = WeightGroup(host="127.0.0.1", port=port, rank=rank, world_size=3, backend="gloo",
+                                    timeout=timeout, group="t")
+
+    joins = [threading.Thread(target=join, args=(r,)) for r in (1, 2)]
+    for t in joins:
+        t.start()
+    pusher = GroupPusher(backend="gloo", timeout=timeout)
+    pusher.group = WeightGroup(host="127.0.0.1", port=port, rank=0, world_size=3, backend="gloo", timeout=timeout,
+                               group="t")
+    for t in joins:
+        t.join(30)
+    pusher.members = ("gone:1", "alive:2")
+    members.pop(1).close()  # the first server's process is gone: its connections are closed
+
+    def post_all(addresses, route, body, deadline):  # the servers' side of POST /update_weights/group
+        if addresses == ["gone:1"]:
+            return ["gone:1"]  # connection refused
+        t0 = time.monotonic()
+        try:
+            for _ in members[2].receive(metas, body["buckets"]):
+                pass
+        except Exception as e:  # noqa: BLE001 - the server answers 500
+            ended["alive"] = time.monotonic() - t0
+            raise RuntimeError(f"HTTP 500: {e}") from None
+        return []
+
+    monkeypatch.setattr(pusher, "_post_all", post_all)
+    t0 = time.monotonic()
+    with pytest.raises(Unreachable) as err:
+        pusher.push(weights, 1, ["gone:1", "alive:2"])
+    assert err.value.addresses == ["gone:1"]
+    assert time.monotonic() - t0 < 15
+    assert ended["alive"] < 15
+    assert pusher.group is None  # formed again, without the gone server, at the retry

@@ -91,7 +91,11 @@ class WeightGroup:
         opts = dist.BroadcastOptions()
         opts.rootRank, opts.rootTensor = 0, 0
         work = self.pg.broadcast([buf], opts)
-        if not work.wait(self.timeout):
+        try:
+            done = work.wait(self.timeout)
+        finally:
+            del work  # a failed one's traceback must not keep the group's connections open (``close``)
+        if not done:
             raise TimeoutError(f"a weight broadcast did not finish within {self.timeout.total_seconds():.0f} s")
 
     def send(self, tensors: Iterable[torch.Tensor], bucket_sizes: Sequence[int],
@@ -118,6 +122,9 @@ class WeightGroup:
                 offset += m.numel
 
     def close(self) -> None:
+        """Leave the group: its connections close as the last reference to it goes (this one, unless a broadcast
+        is still running), so the other members' broadcast in progress fails at once instead of waiting out the
+        timeout."""
         self.pg = None
         self.store = None
 

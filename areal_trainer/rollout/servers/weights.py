@@ -246,11 +246,20 @@ class GroupPusher(_Pusher):
             try:
                 self.group.send(_tensors(pairs), buckets, progress)
             except Exception as e:  # noqa: BLE001 - a peer gone or too slow: the group is unusable now
+                why = f"{type(e).__name__}: {e}"  # (e, whose traceback holds the last broadcast, goes here)
+            else:
+                why = None
+            if why is not None:
+                # Leaving the group fails the broadcast the other servers are waiting in, so their requests
+                # end now instead of when the group's timeout passes (a server killed mid-update left the
+                # others, and this update, waiting for actor.weight_update_timeout).
+                self.group.close()
                 self.group = None
+                wait(loads, timeout=max(0.1, deadline - time.time()))
                 gone = [a for f in loads if f.done() and f.exception() is None for a in f.result()]
                 if gone:
-                    raise Unreachable(gone) from None
-                raise UpdateFailed(self._failed(", ".join(addresses), f"{type(e).__name__}: {e}")) from None
+                    raise Unreachable(gone)
+                raise UpdateFailed(self._failed(", ".join(addresses), why))
             done, _ = wait(loads, timeout=max(0.1, deadline - time.time()))
             for f in loads:
                 if f not in done:
