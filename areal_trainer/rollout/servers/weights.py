@@ -243,12 +243,11 @@ class GroupPusher(_Pusher):
             def progress(done: int, total: int) -> None:
                 self.stage = f"while sending v{version} ({done} of {total} buckets)"
 
+            why = None
             try:
                 self.group.send(_tensors(pairs), buckets, progress)
             except Exception as e:  # noqa: BLE001 - a peer gone or too slow: the group is unusable now
                 why = f"{type(e).__name__}: {e}"  # (e, whose traceback holds the last broadcast, goes here)
-            else:
-                why = None
             if why is not None:
                 # Leaving the group fails the broadcast the other servers are waiting in, so their requests
                 # end now instead of when the group's timeout passes (a server killed mid-update left the
