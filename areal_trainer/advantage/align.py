@@ -27,6 +27,19 @@ def shift_left(x: torch.Tensor, fill: float, dtype: torch.dtype) -> torch.Tensor
     return out
 
 
+def masked_shift_left(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``[B, S]`` float32 ``x'[t] = x[t + 1] * mask[t]``, 0 in the last column (``mask``: the aligned float
+    mask), detached.
+
+    The shift, the conversion and the masking in one pass: the product is written straight into the shifted
+    place (the same bits as shifting, converting and masking one after another: a factor 0 or 1 is exact).
+    """
+    out = torch.empty(mask.shape, dtype=torch.float32, device=mask.device)
+    torch.mul(x.detach()[:, 1:], mask[:, :-1], out=out[:, :-1])
+    out[:, -1] = 0.0
+    return out
+
+
 def aligned_mask(loss_mask: torch.Tensor) -> torch.Tensor:
     """``[B, S]`` float 0/1: the rollout mask shifted left by one, last column 0.
 
@@ -76,7 +89,7 @@ def old_logprobs(inputs_old: torch.Tensor | None, data: Mapping[str, Any], mask:
     ``logprobs`` rolled into alignment."""
     if inputs_old is not None:
         return inputs_old.float() * mask
-    return shift_left(data["logprobs"], 0.0, torch.float32).mul_(mask)
+    return masked_shift_left(data["logprobs"], mask)
 
 
 def reward_kl(

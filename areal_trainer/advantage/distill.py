@@ -16,14 +16,14 @@ import dataclasses
 
 import torch
 
-from .align import aligned_mask, old_logprobs, shift_left, truncation_flags
+from .align import aligned_mask, masked_shift_left, old_logprobs, truncation_flags
 from .datatypes import AdvantageInputs, AdvantageResult
 
 
 def mopd_behavior_logprobs(data, mask: torch.Tensor) -> torch.Tensor:
     """``[B, S]`` float32: the rollout's ``logprobs`` (token-aligned) rolled left by one, times the aligned
     ``mask``, detached (a new tensor: later stages cannot change it)."""
-    return shift_left(data["logprobs"].detach(), 0.0, torch.float32).mul_(mask)
+    return masked_shift_left(data["logprobs"].detach(), mask)
 
 
 def distillation_only(inputs: AdvantageInputs) -> AdvantageResult:

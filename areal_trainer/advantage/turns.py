@@ -72,7 +72,7 @@ def validated_turn_slots(turn_ids: torch.Tensor, loss_mask: torch.Tensor) -> Tur
     m = as_float_mask(loss_mask)
     if m.numel() == 0:
         return TurnSlots(m.clone(), m.clone(), 1)
-    slots = turn_ids.float().mul_(m)  # inactive ids are irrelevant (and may be anything): 0 from here
+    slots = torch.mul(turn_ids, m)  # float32; inactive ids are irrelevant (and may be anything): 0 from here
     seq_len = slots.shape[-1]
     # Inactive positions are 0 here, so plain min/max over the batch decide the range rules.
     low, high = torch.aminmax(slots)

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from areal_trainer.advantage import AdvantageInputs
+from areal_trainer.advantage.align import aligned_mask, masked_shift_left, shift_left
 from areal_trainer.components.advantage import bind_advantage
 
 from .helpers import actor, batch, close, norm, run
@@ -48,6 +49,21 @@ def test_pi_old_defaults_to_the_aligned_behaviour_logprobs():
     out = run(data)
     close(out.logprobs, [[-1, -2, 0]])
     assert "prox_logp" not in out.extras  # the proximal policy is decided by train/policies.py
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_the_one_pass_shift_gives_the_bits_of_shifting_then_masking(dtype):
+    # pi_old is shifted, converted and masked in one pass: the same bits as the three steps one after another,
+    # negative zeros and NaN included, and detached (pi_old is a constant of the loss).
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 33, generator=g, dtype=torch.float64).to(dtype)
+    x[0, 3], x[1, 7] = float("nan"), -0.0
+    x.requires_grad_(True)
+    mask = aligned_mask((torch.rand(5, 33, generator=g) < 0.6).long())
+    two_steps = shift_left(x.detach(), 0.0, torch.float32).mul_(mask)
+    one_pass = masked_shift_left(x, mask)
+    assert one_pass.dtype == torch.float32 and not one_pass.requires_grad
+    assert torch.equal(one_pass.view(torch.int32), two_steps.view(torch.int32))
 
 
 def test_pi_old_given_by_the_trainer_is_used_masked():
