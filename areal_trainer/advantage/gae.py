@@ -257,7 +257,7 @@ def _turn_gae(rewards, values, mask, turns: TurnSlots, bootstrap, discount, gae_
     ret_ids = adv_steps.add_(F.pad(v_steps, (1, 0))).gather(1, at)
     # Every token reads its id's column (slot 0, a leading zero, for inactive ones); returns there are the values.
     adv, returns = _read_columns((adv_ids, ret_ids), slots)
-    return adv, torch.lerp(v, returns, mask)  # exact for a 0/1 weight
+    return adv, torch.lerp(v, returns, mask, out=returns)  # exact for a 0/1 weight; into the read's new tensor
 
 
 def _turn_rewards(r: torch.Tensor, mask: torch.Tensor, first: torch.Tensor, last: torch.Tensor) -> torch.Tensor:

@@ -37,9 +37,11 @@ def place_outcome(rewards: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tenso
     ``loss_mask`` is the aligned float 0/1 mask. A row without an active position gets no reward.
     """
     pos = torch.arange(1, loss_mask.shape[-1] + 1, device=loss_mask.device, dtype=torch.float32)
-    last = (loss_mask * pos).amax(-1, keepdim=True)  # 1-based; 0 for a row with nothing active
+    placed = torch.empty(loss_mask.shape, dtype=torch.float32, device=loss_mask.device)
+    torch.mul(loss_mask, pos, out=placed)  # once its maximum is read, this tensor becomes the output
+    last = placed.amax(-1, keepdim=True)  # 1-based; 0 for a row with nothing active
     value = rewards.float()[:, None] * last.clamp(max=1)
-    return torch.zeros_like(loss_mask, dtype=torch.float32).scatter_(1, (last - 1).clamp(min=0).long(), value)
+    return placed.zero_().scatter_(1, (last - 1).clamp(min=0).long(), value)
 
 
 def normalize_rewards(
