@@ -23,7 +23,7 @@ from .datatypes import AdvantageInputs, AdvantageResult
 def mopd_behavior_logprobs(data, mask: torch.Tensor) -> torch.Tensor:
     """``[B, S]`` float32: the rollout's ``logprobs`` (token-aligned) rolled left by one, times the aligned
     ``mask``, detached (a new tensor: later stages cannot change it)."""
-    return masked_shift_left(data["logprobs"].detach(), mask)
+    return masked_shift_left(data["logprobs"], mask)
 
 
 def distillation_only(inputs: AdvantageInputs) -> AdvantageResult:
