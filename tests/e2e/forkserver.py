@@ -291,6 +291,21 @@ def _warm() -> None:
             importlib.import_module(name)
         except ImportError:  # not installed in this environment (tabulate in .venv-vllm, ...)
             pass
+    _fill_caches()
+
+
+def _fill_caches() -> None:
+    """Fill the per-process caches that every run fills the same way, whatever its config and environment:
+    each forked run inherits them instead of filling them again (about a second of a seconds-long run)."""
+    from areal_trainer.config import keys, store
+
+    store.register_configs()  # the schema in Hydra's ConfigStore, the resolvers
+    keys.index()  # every config key with its docs (parsed from the schema's source)
+    try:  # transformers' table of checkpoint conversions, which saving and loading a model build first
+        from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+    except ImportError:  # another transformers: the runs build what it has
+        return
+    get_checkpoint_conversion_mapping("llama")
 
 
 def serve(requests_fd: int, replies_fd: int) -> None:

@@ -58,7 +58,9 @@ def test_answer_key_solution_warms_up_on_the_solutions_and_still_passes_solution
     data, record = _data(tmp_path), tmp_path / "calls.jsonl"
     proc = cli([*BASE, "trial_name=b", f"train_dataset.path={data}", "train_dataset.answer_key=solution",
                 "total_train_steps=1"], cwd=tmp_path, env={"AREAL_TEST_RECORD": str(record)})
-    assert "SFT warm start" not in proc.stdout  # every row has its answer: no notice
+    # Every row has its answer: no notice (a warm start that an earlier run of the same settings left in the
+    # cache is reused, and says so).
+    assert "notice: SFT warm start" not in proc.stdout
     assert '"sft/loss"' in (tmp_path / "outputs" / "grpo" / "b" / "metrics.jsonl").read_text()
     calls = _calls(record)
     assert calls and all(c["solution"] == c["answer"] and None not in c["solution"] for c in calls)
