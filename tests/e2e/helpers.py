@@ -66,8 +66,13 @@ def popen(args: list[str], cwd, env: dict | None = None,
 def wait_until(done: Callable[[], bool], proc: subprocess.Popen, what: str, timeout: float = HANG) -> None:
     """Wait until ``done()`` holds, failing with the run's stderr if it ends first, or after ``timeout`` s."""
     deadline = time.monotonic() + timeout
-    while not done():
-        if proc.poll() is not None:
+    while True:
+        # Poll before asking ``done()``: a run that reaches ``what`` and ends between the two is then judged
+        # on its final state, and an end is an error only where ``what`` did not hold at it.
+        ended = proc.poll() is not None
+        if done():
+            return
+        if ended:
             err = proc.stderr.read()[-3000:] if proc.stderr else ""
             raise AssertionError(f"the run ended (exit {proc.returncode}) before {what}\n{err}")
         assert time.monotonic() < deadline, f"no {what} after {timeout} s"
